@@ -1,0 +1,348 @@
+/* magpool.h - the whole public API of magpool.
+ *
+ * magpool is a lock-free, concurrent memory allocator for programs in which
+ * many host threads allocate on many CUDA streams at once.  It manages one
+ * pool of memory (host, CUDA device, or pinned host) as a buddy tree of
+ * power-of-two blocks, with per-thread caches in front of it.
+ *
+ * This header compiles as C (C99 or later) and as C++, and needs no CUDA
+ * header: magpool_stream_t is the same type as cudaStream_t.
+ *
+ * Conventions that hold for every function below unless its contract says
+ * otherwise:
+ *   - Allocation functions return NULL on failure; magpool_last_error() then
+ *     says why.  A successful allocation leaves magpool_last_error()
+ *     unchanged.
+ *   - Every other function returns 0 on success or a negative MAGPOOL_E*
+ *     code, which magpool_strerror() names.
+ *   - A call that fails with MAGPOOL_EINVAL has changed nothing.
+ *   - Any thread may call any function at any time, concurrently with any
+ *     other call on the same pool, except magpool_destroy(), which must not
+ *     overlap any other call on that pool.
+ */
+#ifndef MAGPOOL_H
+#define MAGPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#  define MAGPOOL_API
+#elif defined(MAGPOOL_BUILDING) || defined(__GNUC__)
+#  define MAGPOOL_API __attribute__((visibility("default")))
+#else
+#  define MAGPOOL_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+#define MAGPOOL_VERSION_MAJOR 0
+#define MAGPOOL_VERSION_MINOR 3
+#define MAGPOOL_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH */
+#define MAGPOOL_VERSION \
+  (MAGPOOL_VERSION_MAJOR * 10000 + MAGPOOL_VERSION_MINOR * 100 + MAGPOOL_VERSION_PATCH)
+
+/* The MAGPOOL_VERSION the library was built with (may differ from the header
+ * a program was compiled against when the library is shared). */
+MAGPOOL_API int magpool_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define MAGPOOL_OK         0
+#define MAGPOOL_EINVAL   (-1)  /* bad argument: NULL pool, foreign, interior
+                                  or already-freed pointer, wrong size ...  */
+#define MAGPOOL_ENOMEM   (-2)  /* the request does not fit, even after every
+                                  cache was drained and growth was tried     */
+#define MAGPOOL_ENOTSUP  (-3)  /* not supported by this build or pool kind  */
+#define MAGPOOL_ENODEV   (-4)  /* no CUDA device or driver                  */
+#define MAGPOOL_ECUDA    (-5)  /* a CUDA call failed; see
+                                  magpool_last_cuda_error()                 */
+#define MAGPOOL_ECAPTURE (-6)  /* the stream is being captured into a graph */
+#define MAGPOOL_EBUSY    (-7)  /* the object is still in use               */
+
+/* A static, never-NULL English description of code (0 or MAGPOOL_E*). */
+MAGPOOL_API const char *magpool_strerror(int code);
+
+/* The reason the calling thread's last failed allocation failed (thread-
+ * local).  0 if none of this thread's allocations has failed yet. */
+MAGPOOL_API int magpool_last_error(void);
+
+/* The CUDA error code (a cudaError_t value) behind the calling thread's last
+ * MAGPOOL_ECUDA, or 0.  Thread-local. */
+MAGPOOL_API int magpool_last_cuda_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Types                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct magpool magpool_t;
+
+/* Type-compatible with cudaStream_t (both are struct CUstream_st *).  On a
+ * MAGPOOL_MEM_HOST pool it is a host stream (magpool_host_stream_create). */
+struct CUstream_st;
+typedef struct CUstream_st *magpool_stream_t;
+
+/* Where a pool's memory comes from. */
+typedef enum magpool_mem_kind {
+  MAGPOOL_MEM_HOST = 0,   /* anonymous host memory (mmap); needs no GPU     */
+  MAGPOOL_MEM_DEVICE = 1, /* CUDA device memory on magpool_config_t.device  */
+  MAGPOOL_MEM_PINNED = 2  /* page-locked host memory (cudaHostAlloc)        */
+} magpool_mem_kind_t;
+
+/* Pool configuration.  Always fill it with magpool_config_init() first, then
+ * change what you need: fields added in later versions then keep their
+ * defaults.  struct_size is how the library knows which fields a program
+ * compiled against an older header has. */
+typedef struct magpool_config {
+  size_t struct_size;        /* sizeof(magpool_config_t); set by init      */
+  size_t pool_size;          /* bytes taken at creation; default 256 MiB.
+                                Rounded down to a multiple of min_block.
+                                Need not be a power of two: the pool holds
+                                exactly that many bytes.                    */
+  int allow_growth;          /* nonzero: take more memory from the source
+                                when a request does not fit; default 0     */
+  size_t max_pool_size;      /* upper bound on all memory taken, growth
+                                included; 0 = no limit of magpool's own    */
+  size_t min_block;          /* smallest block, a power of two from 16 to
+                                65536; default 64                          */
+  magpool_mem_kind_t kind;   /* default MAGPOOL_MEM_HOST                   */
+  int device;                /* CUDA device ordinal for DEVICE pools;
+                                default 0                                  */
+  size_t thread_cache_bytes; /* most bytes one thread's cache may hold for
+                                this pool; default 4 MiB; 0 disables the
+                                per-thread caches                          */
+  size_t cache_max_block;    /* blocks larger than this bypass the caches;
+                                default 1 MiB                              */
+  size_t stream_cache_bytes; /* most bytes freed on one stream that are
+                                kept for reuse on that stream before a batch
+                                is retired to the pool; default 8 MiB      */
+} magpool_config_t;
+
+/* Statistics of one pool, summed over all threads.  Counters are kept per
+ * thread and merged when read, so a snapshot taken while other threads run
+ * is a consistent sum of per-thread values, each exact, read at slightly
+ * different instants. */
+typedef struct magpool_stats {
+  size_t used_bytes;         /* bytes in live allocations, rounded up to
+                                their block size                           */
+  size_t requested_bytes;    /* bytes asked for by live allocations        */
+  size_t reserved_bytes;     /* memory taken from the source (pool size,
+                                growth included)                           */
+  size_t peak_used_bytes;    /* high-water mark of bytes handed out by the
+                                tree (live plus cached); >= used_bytes     */
+  size_t cached_bytes;       /* free blocks held by thread caches, depots
+                                and stream caches, ready for reuse         */
+  size_t pending_bytes;      /* blocks freed on streams that have not yet
+                                reached the free                           */
+  size_t free_bytes;         /* bytes free in the tree                     */
+  size_t largest_free_block; /* largest block the tree can hand out now,
+                                without growth                             */
+  uint64_t alloc_count;      /* successful allocations, ever               */
+  uint64_t free_count;       /* successful frees, ever                     */
+  uint64_t live_count;       /* live allocations                           */
+  uint64_t grow_count;       /* times the pool grew                        */
+} magpool_stats_t;
+
+/* ------------------------------------------------------------------------ */
+/* Pools                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Fills *cfg with the defaults above.  No-op if cfg is NULL. */
+MAGPOOL_API void magpool_config_init(magpool_config_t *cfg);
+
+/* Creates a pool and stores it in *out.
+ * Returns MAGPOOL_EINVAL for a NULL argument, a struct_size too small, a
+ * min_block that is not a power of two in [16, 65536], a pool_size smaller
+ * than min_block, or a max_pool_size below pool_size; MAGPOOL_ENOMEM if the
+ * source cannot give pool_size bytes; MAGPOOL_ENODEV for a DEVICE or PINNED
+ * pool on a machine with no GPU or driver, or in a build without CUDA;
+ * MAGPOOL_ECUDA if a CUDA call failed.  On failure *out is left unchanged. */
+MAGPOOL_API int magpool_create(const magpool_config_t *cfg, magpool_t **out);
+
+/* Destroys the pool and gives all its memory back to its source, live
+ * allocations included.  Must not overlap any other call on the pool.  For
+ * pools used with streams: every stream the pool was used on must have been
+ * synchronised (or released with magpool_stream_release) first; destroy then
+ * waits for pending stream batches to come back.  Other threads' cache
+ * records for the pool are orphaned and freed by those threads when they
+ * exit; destroy never waits for them, except for a thread that is exiting
+ * at that moment.  Returns MAGPOOL_EINVAL for NULL. */
+MAGPOOL_API int magpool_destroy(magpool_t *pool);
+
+/* ------------------------------------------------------------------------ */
+/* Synchronous allocation                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Allocates size bytes, aligned to the block size (a power of two, at least
+ * min_block, so min_block-aligned at least).  size 0 is valid: it returns a
+ * unique block of min_block bytes that must be freed like any other.
+ * Returns NULL with MAGPOOL_EINVAL for a NULL pool, and MAGPOOL_ENOMEM when
+ * the request does not fit after the out-of-memory ladder (drain caches and
+ * ready lists, wait for pending stream frees, grow) - sizes near SIZE_MAX
+ * included.  The pool stays usable after a failure.
+ * Blocks from the synchronous API are ready for host use (HOST and PINNED
+ * pools) or for any stream (DEVICE pools) at once. */
+MAGPOOL_API void *magpool_alloc(magpool_t *pool, size_t size);
+
+/* Frees ptr, which came from magpool_alloc* on this pool.  ptr NULL is a no-
+ * op that returns 0.  Returns MAGPOOL_EINVAL, changing nothing, for a NULL
+ * pool or a pointer that is not a live allocation of this pool: foreign,
+ * interior, or already freed.  (Double frees are detected when the two
+ * frees are ordered by the program; two frees of one pointer that race each
+ * other are a data race in the caller.) */
+MAGPOOL_API int magpool_free(magpool_t *pool, void *ptr);
+
+/* As magpool_free, but the caller also passes the size it asked for.
+ * Returns MAGPOOL_EINVAL, freeing nothing, unless size is exactly the size
+ * the allocation was made with. */
+MAGPOOL_API int magpool_free_sized(magpool_t *pool, void *ptr, size_t size);
+
+/* The usable size of a live allocation (its block size), or 0 if ptr is not
+ * a live allocation of the pool. */
+MAGPOOL_API size_t magpool_usable_size(magpool_t *pool, const void *ptr);
+
+/* Returns everything cached to the tree and completes coalescing: the
+ * calling thread's cache, every depot, every stream cache (retired behind
+ * its stream's work) and every ready batch of stream frees that has
+ * completed.  Caches of threads that have exited were returned when they
+ * exited.  The caches of other live threads are not touched by trim: each
+ * of those threads returns its whole cache for this pool at its next
+ * allocation or free on this pool (it sees the pool's trim epoch move).
+ * Stream frees that have not completed stay pending.  When trim returns
+ * with no live allocation, no other live thread holding a cache, and
+ * nothing pending, the pool is one free block again (per region: a pool
+ * that grew has one region per growth step, and a pool whose size is not a
+ * power of two is the binary decomposition of its size).  Returns
+ * MAGPOOL_EINVAL for NULL. */
+MAGPOOL_API int magpool_trim(magpool_t *pool);
+
+/* Fills *out with a snapshot of the pool's statistics.  O(number of threads
+ * that used the pool + tree levels).  MAGPOOL_EINVAL for NULL arguments. */
+MAGPOOL_API int magpool_get_stats(magpool_t *pool, magpool_stats_t *out);
+
+/* A cheap query for memory-pressure decisions: *free_bytes receives what
+ * the pool could still hand out without growing (free in the tree plus
+ * cached), *total_bytes the memory it has reserved.  Either pointer may be
+ * NULL.  MAGPOOL_EINVAL for a NULL pool. */
+MAGPOOL_API int magpool_mem_info(magpool_t *pool, size_t *free_bytes,
+                                 size_t *total_bytes);
+
+/* Checks the pool's internal invariants (tree bitmaps, block headers,
+ * accounting) and returns 0 or MAGPOOL_EINVAL if one is broken.  O(pool
+ * size); meant for tests and debugging, on a quiescent pool. */
+MAGPOOL_API int magpool_check(magpool_t *pool);
+
+/* n rounded up to a multiple of align, which must be a power of two (0 and
+ * non-powers return 0).  Returns 0 if the result would overflow size_t. */
+MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
+
+/* ------------------------------------------------------------------------ */
+/* Stream-ordered allocation                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Allocates size bytes for use on stream s, with the semantics of
+ * cudaMallocAsync: the block may be handed out while earlier work on s is
+ * still running, so it is only safe to use from work queued on s after this
+ * call (or after synchronising s).  Blocks freed on s are reused by
+ * allocations on s at once; blocks freed on another stream only once that
+ * stream has passed the free.  s may be NULL: the legacy default stream on
+ * DEVICE and PINNED pools; "no stream" (same as magpool_alloc) on HOST
+ * pools.  Errors as magpool_alloc, plus MAGPOOL_ECAPTURE if s is being
+ * captured, MAGPOOL_ECUDA if a CUDA call failed, and MAGPOOL_EINVAL for a
+ * stream of the wrong kind where that can be told. */
+MAGPOOL_API void *magpool_alloc_async(magpool_t *pool, size_t size,
+                                      magpool_stream_t s);
+
+/* Frees ptr in stream order on s, like cudaFreeAsync: the block returns to
+ * the pool once all work queued on s before this call has finished.  Later
+ * allocations on s may reuse it at once.  ptr may come from any magpool
+ * allocation call of this pool.  Errors as magpool_free, plus
+ * MAGPOOL_ECAPTURE (the block stays allocated) when s is being captured. */
+MAGPOOL_API int magpool_free_async(magpool_t *pool, void *ptr,
+                                   magpool_stream_t s);
+
+/* Call before destroying stream s (or when s will no longer be used with
+ * this pool): everything cached for s is retired behind s's pending work,
+ * and the pool forgets s.  Does not block.  Returns 0 also when the pool has
+ * never seen s.  After it, s's handle may be reused for a new stream. */
+MAGPOOL_API int magpool_stream_release(magpool_t *pool, magpool_stream_t s);
+
+/* ------------------------------------------------------------------------ */
+/* Host streams: in-order executors for machines with no GPU, and tests     */
+/* ------------------------------------------------------------------------ */
+
+/* Creates a host stream: a thread that runs launched functions one at a
+ * time, in launch order.  MAGPOOL_ENOMEM if it cannot be created. */
+MAGPOOL_API int magpool_host_stream_create(magpool_stream_t *out);
+
+/* Queues fn(arg) on s.  Returns at once. */
+MAGPOOL_API int magpool_host_stream_launch(magpool_stream_t s,
+                                           void (*fn)(void *arg), void *arg);
+
+/* Blocks until every function launched on s before this call has run. */
+MAGPOOL_API int magpool_host_stream_sync(magpool_stream_t s);
+
+/* Waits for s's queued work, then frees it.  Call magpool_stream_release on
+ * each pool that used s first. */
+MAGPOOL_API int magpool_host_stream_destroy(magpool_stream_t s);
+
+/* ------------------------------------------------------------------------ */
+/* Scopes: every allocation made through a scope is freed when it ends       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct magpool_scope magpool_scope_t;
+
+/* Opens a scope on pool.  A scope belongs to the thread that uses it: it
+ * must not be used by two threads at once.  NULL with MAGPOOL_EINVAL or
+ * MAGPOOL_ENOMEM on failure. */
+MAGPOOL_API magpool_scope_t *magpool_scope_begin(magpool_t *pool);
+
+/* magpool_alloc, with the block recorded in the scope. */
+MAGPOOL_API void *magpool_scope_alloc(magpool_scope_t *scope, size_t size);
+
+/* Frees one block of the scope before the scope ends.  Blocks allocated
+ * through a scope belong to it: magpool_free and magpool_free_sized refuse
+ * them with MAGPOOL_EINVAL, so the scope can never free a block twice.
+ * Returns MAGPOOL_EINVAL if ptr is not a live block of this scope; 0 for
+ * NULL. */
+MAGPOOL_API int magpool_scope_free(magpool_scope_t *scope, void *ptr);
+
+/* Frees every block still held by the scope, then the scope itself.
+ * Returns 0, or MAGPOOL_EINVAL for NULL. */
+MAGPOOL_API int magpool_scope_end(magpool_scope_t *scope);
+
+/* ------------------------------------------------------------------------ */
+/* Allocation tracking and leak checks                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Tracking records each live allocation's pointer, size and tag.  It is off
+ * by default, costs a mutex per allocation while on, and must be switched on
+ * while the pool has no live allocation (else MAGPOOL_EBUSY). */
+MAGPOOL_API int magpool_tracking_enable(magpool_t *pool, int on);
+
+/* Sets the calling thread's tag (a static string, or NULL) attached to its
+ * tracked allocations from now on.  Thread-local, for all pools. */
+MAGPOOL_API void magpool_set_tag(const char *tag);
+
+/* Calls fn(ptr, size, tag, arg) for each tracked live allocation, and
+ * returns how many there were (or a negative error).  fn must not call
+ * magpool on this pool. */
+MAGPOOL_API long magpool_leak_check(magpool_t *pool,
+                                    void (*fn)(void *ptr, size_t size,
+                                               const char *tag, void *arg),
+                                    void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MAGPOOL_H */

@@ -1,0 +1,67 @@
+/* source_host.c - host memory sources: anonymous mmap, and a test source
+ * that fails on demand. */
+#include "internal.h"
+
+#include <sys/mman.h>
+
+/* Reserve: anonymous, NORESERVE mapping; pages are backed on first touch
+ * and given back by decommit (MADV_DONTNEED), which is what a later issue's
+ * chunk mapping will call. */
+static int host_reserve(void *ctx, size_t size, void **base) {
+  (void)ctx;
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return MAGPOOL_ENOMEM;
+  *base = p;
+  return 0;
+}
+
+static int host_release(void *ctx, void *base, size_t size) {
+  (void)ctx;
+  return munmap(base, size) == 0 ? 0 : MAGPOOL_EINVAL;
+}
+
+static int host_decommit(void *ctx, void *addr, size_t size) {
+  (void)ctx;
+  return madvise(addr, size, MADV_DONTNEED) == 0 ? 0 : MAGPOOL_EINVAL;
+}
+
+const mp_source_ops mp_source_host = {
+  .name = "host",
+  .reserve = host_reserve,
+  .release = host_release,
+  .commit = NULL, /* anonymous memory is backed on touch */
+  .decommit = host_decommit,
+  .open = NULL,
+  .close = NULL,
+};
+
+/* ---------------------------------------------------------------- failing */
+
+static _Atomic long fail_countdown = -1; /* < 0: disarmed */
+
+void mp_source_failing_arm(long countdown) {
+  mp_store_relaxed(&fail_countdown, countdown);
+}
+
+static int failing_reserve(void *ctx, size_t size, void **base) {
+  long c = mp_load_relaxed(&fail_countdown);
+  while (c >= 0) {
+    if (c == 0) return MAGPOOL_ENOMEM;
+    if (atomic_compare_exchange_weak_explicit(&fail_countdown, &c, c - 1,
+                                              memory_order_relaxed,
+                                              memory_order_relaxed))
+      break;
+  }
+  return host_reserve(ctx, size, base);
+}
+
+const mp_source_ops mp_source_failing = {
+  .name = "failing",
+  .reserve = failing_reserve,
+  .release = host_release,
+  .commit = NULL,
+  .decommit = host_decommit,
+  .open = NULL,
+  .close = NULL,
+};
