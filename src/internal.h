@@ -258,6 +258,7 @@ typedef struct mp_mag {
   _Atomic(struct mp_mag *) next;
   uint32_t count;
   uint32_t cap;
+  uint32_t order; /* class of its blocks (set by mp_mag_new)          */
   void *slot[];
 } mp_mag;
 
@@ -313,6 +314,11 @@ typedef struct mp_tcache {
                             pool->tree_out                             */
   mp_tclass cls[MP_MAX_CLASSES];
   mp_tstats st;
+  /* One-entry stream memo (stream.c): (handle, epoch) -> stream entry. */
+  magpool_stream_t s_handle;
+  struct mp_sentry *s_entry;
+  uint64_t s_sid;
+  uint64_t s_epoch;
   _Atomic int state;
   struct mp_tcache *pool_next;   /* pool list; set before publication  */
   struct mp_tcache *thread_next; /* owner thread's list                */
@@ -362,6 +368,19 @@ static inline mp_region *mp_region_of(magpool_t *pool, const void *p) {
     if ((uintptr_t)p - (uintptr_t)r->base < r->bytes) return r;
   }
   return NULL;
+}
+
+/* Order for a request, or MAGPOOL_ENOMEM if no block could ever hold it
+ * (this is where sizes near SIZE_MAX stop, before any arithmetic that
+ * could overflow). */
+static inline int mp_size_order(const magpool_t *pool, size_t size, unsigned *order) {
+  if (size <= pool->cfg.min_block) { *order = 0; return 0; }
+  unsigned maxo = MP_MAX_ORDER;
+  if (maxo + pool->min_shift > 62) maxo = 62 - pool->min_shift;
+  if (size > ((size_t)1 << (maxo + pool->min_shift))) return MAGPOOL_ENOMEM;
+  size_t units = (size + pool->cfg.min_block - 1) >> pool->min_shift;
+  *order = mp_log2_ceil(units);
+  return 0;
 }
 
 /* Bytes of a block of this order. */
@@ -442,6 +461,22 @@ void *mp_alloc_flags(magpool_t *pool, size_t size, uint32_t flags);
 /* ------------------------------------------------------------------------ */
 /* stream.c - per-stream caches, retire batches, ready lists                */
 /* ------------------------------------------------------------------------ */
+
+/* Stream ordering, behind a small interface (host streams in stream.c,
+ * CUDA streams in stream_cuda.c).  `dev` is the pool's source context. */
+typedef struct mp_stream_ops {
+  /* The stream's id, unique for the life of the process. */
+  int (*get_id)(void *dev, magpool_stream_t s, uint64_t *id);
+  /* Runs fn(arg, status) once all work queued on s so far has finished;
+   * fn must not call CUDA. */
+  int (*after)(void *dev, magpool_stream_t s, void (*fn)(void *arg, int status), void *arg);
+  int (*sync)(void *dev, magpool_stream_t s);
+  /* 1 if s is being captured, 0 if not, or a negative error. */
+  int (*capturing)(void *dev, magpool_stream_t s);
+  /* Waits for all work of the pool's device; MAGPOOL_ENOTSUP on host. */
+  int (*sync_all)(void *dev);
+} mp_stream_ops;
+extern const mp_stream_ops mp_cuda_stream_ops;
 
 int mp_streams_init(magpool_t *pool);
 void mp_streams_destroy(magpool_t *pool);

@@ -97,7 +97,10 @@ mp_mag *mp_mag_new(magpool_t *pool, unsigned order) {
     m = (mp_mag *)first;
   }
   m->count = 0;
-  m->cap = pool->mag_cap[order];
+  m->cap = pool->mag_cap[order < pool->nclasses ? order : 0];
+  if (m->cap == 0) m->cap = 1;
+  m->order = order;
+  mp_store_relaxed(&m->next, NULL);
   return m;
 }
 

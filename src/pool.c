@@ -233,19 +233,6 @@ size_t mp_hdr_slack(const _Atomic uint32_t *h, uint32_t word) {
   return lo | (hi << 25);
 }
 
-/* Order for a request, or MAGPOOL_ENOMEM if no block could ever hold it
- * (this is where sizes near SIZE_MAX stop, before any arithmetic that
- * could overflow). */
-static inline int size_order(const magpool_t *pool, size_t size, unsigned *order) {
-  if (size <= pool->cfg.min_block) { *order = 0; return 0; }
-  unsigned maxo = MP_MAX_ORDER;
-  if (maxo + pool->min_shift > 62) maxo = 62 - pool->min_shift;
-  if (size > ((size_t)1 << (maxo + pool->min_shift))) return MAGPOOL_ENOMEM;
-  size_t units = (size + pool->cfg.min_block - 1) >> pool->min_shift;
-  *order = mp_log2_ceil(units);
-  return 0;
-}
-
 /* ------------------------------------------------------- tree hand-offs */
 
 void mp_peak_note(magpool_t *pool, mp_tcache *tc) {
@@ -323,6 +310,7 @@ void *mp_tree_take_hard(magpool_t *pool, mp_tcache *tc, unsigned order) {
 /* ------------------------------------------------------ allocation path */
 
 static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
+  mp_streams_drain_ready(pool, tc); /* lazy coalescing of stream frees */
   if (order < tc->nclasses) return mp_cache_alloc_slow(pool, tc, order);
   void *p = mp_tree_take(pool, tc, order);
   return p != NULL ? p : mp_tree_take_hard(pool, tc, order);
@@ -350,7 +338,7 @@ void *mp_hand_out(magpool_t *pool, mp_tcache *tc, void *p, unsigned order,
 void *mp_alloc_flags(magpool_t *pool, size_t size, uint32_t flags) {
   if (MP_UNLIKELY(pool == NULL)) return mp_fail(MAGPOOL_EINVAL);
   unsigned order;
-  if (MP_UNLIKELY(size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
+  if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
   mp_tcache *tc = mp_tcache_get(pool);
   if (MP_UNLIKELY(tc == NULL)) return mp_fail(MAGPOOL_ENOMEM);
   void *p;

@@ -1,0 +1,113 @@
+/* stream_cuda.c - stream ordering on CUDA streams: ids from
+ * cudaStreamGetId, retire callbacks through cudaStreamAddCallback.
+ * Without CUDA in the build every operation answers MAGPOOL_ENODEV (no
+ * DEVICE or PINNED pool can exist then anyway). */
+#include "internal.h"
+
+#if defined(MAGPOOL_HAVE_CUDA)
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+/* The pool's source context starts with the device ordinal (source_cuda.c). */
+static int dev_of(void *dev) { return dev != NULL ? *(int *)dev : 0; }
+
+static int cuda_rc(cudaError_t e) {
+  if (e == cudaSuccess) return 0;
+  mp_set_cuda_error((int)e);
+  return MAGPOOL_ECUDA;
+}
+
+static int cu_get_id(void *dev, magpool_stream_t s, uint64_t *id) {
+  (void)dev;
+  unsigned long long v = 0;
+  int rc = cuda_rc(cudaStreamGetId((cudaStream_t)s, &v));
+  if (rc == 0) *id = (uint64_t)v;
+  return rc;
+}
+
+typedef struct cu_cb {
+  void (*fn)(void *arg, int status);
+  void *arg;
+} cu_cb;
+
+/* Runs on CUDA's callback thread: no CUDA calls here. */
+static void CUDART_CB cu_trampoline(cudaStream_t s, cudaError_t status, void *arg) {
+  (void)s;
+  cu_cb c = *(cu_cb *)arg;
+  free(arg);
+  c.fn(c.arg, (int)status);
+}
+
+static int cu_after(void *dev, magpool_stream_t s, void (*fn)(void *, int), void *arg) {
+  (void)dev;
+  cu_cb *c = malloc(sizeof *c);
+  if (c == NULL) return MAGPOOL_ENOMEM;
+  c->fn = fn;
+  c->arg = arg;
+  /* cudaStreamAddCallback is slated for deprecation in favour of
+   * cudaLaunchHostFunc, but unlike it, it also runs after a device error
+   * (with the error as status), so a batch is never stranded. */
+  int rc = cuda_rc(cudaStreamAddCallback((cudaStream_t)s, cu_trampoline, c, 0));
+  if (rc != 0) free(c);
+  return rc;
+}
+
+static int cu_sync_all(void *dev) {
+  int saved = 0, d = dev_of(dev);
+  if (cudaGetDevice(&saved) != cudaSuccess) return MAGPOOL_ECUDA;
+  if (saved != d && cudaSetDevice(d) != cudaSuccess) return MAGPOOL_ECUDA;
+  int rc = cuda_rc(cudaDeviceSynchronize());
+  if (saved != d) (void)cudaSetDevice(saved);
+  return rc;
+}
+
+static int cu_sync(void *dev, magpool_stream_t s) {
+  /* cudaStreamPerThread names the calling thread's stream: from another
+   * thread (the out-of-memory ladder) only a device-wide wait is right. */
+  if ((cudaStream_t)s == cudaStreamPerThread) return cu_sync_all(dev);
+  return cuda_rc(cudaStreamSynchronize((cudaStream_t)s));
+}
+
+static int cu_capturing(void *dev, magpool_stream_t s) {
+  (void)dev;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)s, &st);
+  if (e != cudaSuccess) return cuda_rc(e);
+  return st != cudaStreamCaptureStatusNone;
+}
+
+const mp_stream_ops mp_cuda_stream_ops = {
+  .get_id = cu_get_id,
+  .after = cu_after,
+  .sync = cu_sync,
+  .capturing = cu_capturing,
+  .sync_all = cu_sync_all,
+};
+
+#else
+
+static int nocuda_get_id(void *dev, magpool_stream_t s, uint64_t *id) {
+  (void)dev; (void)s; (void)id;
+  return MAGPOOL_ENODEV;
+}
+static int nocuda_after(void *dev, magpool_stream_t s, void (*fn)(void *, int), void *arg) {
+  (void)dev; (void)s; (void)fn; (void)arg;
+  return MAGPOOL_ENODEV;
+}
+static int nocuda_sync(void *dev, magpool_stream_t s) {
+  (void)dev; (void)s;
+  return MAGPOOL_ENODEV;
+}
+static int nocuda_sync_all(void *dev) {
+  (void)dev;
+  return MAGPOOL_ENODEV;
+}
+
+const mp_stream_ops mp_cuda_stream_ops = {
+  .get_id = nocuda_get_id,
+  .after = nocuda_after,
+  .sync = nocuda_sync,
+  .capturing = nocuda_sync,
+  .sync_all = nocuda_sync_all,
+};
+#endif
