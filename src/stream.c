@@ -34,6 +34,7 @@
  */
 #include "internal.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,7 @@ typedef struct mp_streams {
   _Atomic int64_t pending_batches;
   _Atomic int64_t ready_bytes;
   _Atomic(mp_batch *) ready;
+  pthread_mutex_t create_lock; /* creating/recycling entries only      */
   _Atomic(mp_sentry *) tab[MP_STREAM_TABLE];
 } mp_streams;
 
@@ -135,6 +137,7 @@ int mp_streams_init(magpool_t *pool) {
   if (ss == NULL) return MAGPOOL_ENOMEM;
   ss->ops = pool->cfg.kind == MAGPOOL_MEM_HOST ? &host_stream_ops : &mp_cuda_stream_ops;
   atomic_init(&ss->epoch, 1);
+  pthread_mutex_init(&ss->create_lock, NULL);
   pool->streams = ss;
   return 0;
 }
@@ -309,54 +312,60 @@ static inline uint64_t hash_sid(uint64_t x) {
 }
 
 /* Entry for stream id sid, created if `create`.  NULL if the table is
- * full (the stream then runs uncached: every async free is retired alone). */
-static mp_sentry *entry_find(mp_streams *ss, uint64_t sid, magpool_stream_t h, bool create) {
+ * full (the stream then runs uncached: every async free is retired alone).
+ * Finding is lock-free: probe from the hash until the sid or an empty slot.
+ * Creating takes the table mutex (a stream's first use by a pool, rare),
+ * so that one sid never gets two entries: it re-probes, then recycles the
+ * first released entry without pending batches on the probe path, or takes
+ * the first empty slot - either way the first match any later probe sees. */
+static mp_sentry *entry_probe(mp_streams *ss, uint64_t sid, mp_sentry **recycle,
+                              unsigned *empty) {
   unsigned start = (unsigned)hash_sid(sid) & (MP_STREAM_TABLE - 1);
-  mp_sentry *recyclable = NULL;
+  if (recycle != NULL) *recycle = NULL;
   for (unsigned k = 0; k < MP_STREAM_TABLE; k++) {
     unsigned i = (start + k) & (MP_STREAM_TABLE - 1);
     mp_sentry *e = mp_load_acquire(&ss->tab[i]);
     if (e == NULL) {
-      if (!create) return NULL;
-      if (recyclable != NULL) {
-        e = recyclable;
-      } else {
-        e = calloc(1, sizeof *e);
-        if (e == NULL) return NULL;
-        e->handle = h;
-        atomic_init(&e->sid, sid);
-        mp_sentry *z = NULL;
-        /* RELEASE: the entry is initialised before finders see it. */
-        if (atomic_compare_exchange_strong_explicit(&ss->tab[i], &z, e, memory_order_release,
-                                                    memory_order_acquire))
-          return e;
-        free(e); /* lost the slot: look at who won it */
-        e = z;
-        if (mp_load_acquire(&e->sid) == sid) return e;
-        continue;
-      }
+      if (empty != NULL) *empty = i;
+      return NULL;
     }
     uint64_t es = mp_load_acquire(&e->sid);
     if (es == sid) return e;
-    if (es == 0 && recyclable == NULL && mp_load_acquire(&e->pending) == 0) recyclable = e;
-    if (e == recyclable && create) {
-      /* Recycle a released entry: claim it under its lock. */
-      if (entry_try(e)) {
-        uint64_t zero = 0;
-        if (mp_load_acquire(&e->pending) == 0 && mp_load_relaxed(&e->sid) == 0) {
-          e->handle = h;
-          if (atomic_compare_exchange_strong_explicit(&e->sid, &zero, sid, memory_order_acq_rel,
-                                                      memory_order_relaxed)) {
-            entry_unlock(e);
-            return e;
-          }
-        }
-        entry_unlock(e);
-      }
-      recyclable = NULL;
+    if (recycle != NULL && *recycle == NULL && es == 0 && mp_load_acquire(&e->pending) == 0)
+      *recycle = e;
+  }
+  if (empty != NULL) *empty = MP_STREAM_TABLE;
+  return NULL;
+}
+
+static mp_sentry *entry_find(mp_streams *ss, uint64_t sid, magpool_stream_t h, bool create) {
+  mp_sentry *e = entry_probe(ss, sid, NULL, NULL);
+  if (e != NULL || !create) return e;
+  pthread_mutex_lock(&ss->create_lock);
+  mp_sentry *rec;
+  unsigned empty;
+  e = entry_probe(ss, sid, &rec, &empty);
+  if (e == NULL && rec != NULL) {
+    entry_lock(rec);
+    if (mp_load_relaxed(&rec->sid) == 0 && mp_load_acquire(&rec->pending) == 0) {
+      rec->handle = h;
+      /* RELEASE: handle is written before finders can match the sid. */
+      mp_store_release(&rec->sid, sid);
+      e = rec;
+    }
+    entry_unlock(rec);
+  }
+  if (e == NULL && empty < MP_STREAM_TABLE) {
+    e = calloc(1, sizeof *e);
+    if (e != NULL) {
+      e->handle = h;
+      atomic_init(&e->sid, sid);
+      /* RELEASE: the entry is initialised before finders see it. */
+      mp_store_release(&ss->tab[empty], e);
     }
   }
-  return NULL;
+  pthread_mutex_unlock(&ss->create_lock);
+  return e;
 }
 
 /* The memo's slow path: resolves s to its entry for this thread.  Errors:
@@ -629,6 +638,7 @@ void mp_streams_destroy(magpool_t *pool) {
     b = n;
   }
   for (unsigned i = 0; i < MP_STREAM_TABLE; i++) free(mp_load_relaxed(&ss->tab[i]));
+  pthread_mutex_destroy(&ss->create_lock);
   free(ss);
   pool->streams = NULL;
 }
