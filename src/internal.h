@@ -304,12 +304,18 @@ enum { MP_TC_FREE = 0, MP_TC_LIVE, MP_TC_EXITING, MP_TC_ORPHAN };
  *   LIVE -> ORPHAN      the pool is destroyed (CAS); the thread frees it
  * Only the owner touches the magazines; others read `st` and `state`. */
 typedef struct mp_tcache {
+  /* Hot: everything the fast paths read, in the first cache lines. */
   magpool_t *pool;
+  uint64_t epoch;        /* pool->trim_epoch last seen                 */
+  unsigned nclasses;     /* 0 when caching is off or tracking is on    */
+  unsigned shift;        /* log2(min_block)                            */
+  size_t cache_max;      /* largest cached request (0: none)           */
+  size_t limit;          /* thread_cache_bytes                         */
+  char *r0_base;         /* copies of region 0 (never changes)         */
+  size_t r0_bytes;
+  _Atomic uint32_t *r0_hdr;
   uint64_t uid;          /* pool->uid when adopted: a destroyed pool's
                             address may be reused by a new pool        */
-  uint64_t epoch;        /* pool->trim_epoch last seen                 */
-  unsigned nclasses;     /* 0 when caching is off                      */
-  size_t limit;          /* thread_cache_bytes                         */
   int64_t tree_delta;    /* bytes taken from the tree, not yet added to
                             pool->tree_out                             */
   mp_tclass cls[MP_MAX_CLASSES];
@@ -402,6 +408,8 @@ size_t mp_hdr_slack(const _Atomic uint32_t *h, uint32_t word);
 void *mp_tree_take(magpool_t *pool, mp_tcache *tc, unsigned order);
 /* Gives a block back to its region's tree: release + merge. */
 void mp_tree_give(magpool_t *pool, mp_tcache *tc, void *p, unsigned order);
+/* Gives a block back without merging (lazy coalescing). */
+void mp_tree_give_lazy(magpool_t *pool, mp_tcache *tc, void *p, unsigned order);
 /* The out-of-memory ladder for one block of `order`: drain ready lists,
  * flush caches and depots, wait for pending streams, grow.  NULL with
  * MAGPOOL_ENOMEM when nothing helps. */
@@ -416,11 +424,16 @@ void mp_peak_note(magpool_t *pool, mp_tcache *tc);
  * when out of host memory. */
 mp_tcache *mp_tcache_get_slow(magpool_t *pool);
 
-extern _Thread_local mp_tcache *mp_tls_last;
+/* initial-exec: one %fs-relative load, no __tls_get_addr call, also in
+ * the shared library (the variable is 8 bytes of static TLS). */
+extern _Thread_local mp_tcache *mp_tls_last __attribute__((tls_model("initial-exec")));
 
+/* The memo check.  A pool's trim epoch starts at uid << 32, so one compare
+ * covers both "a trim ran since" and "this record belongs to a destroyed
+ * pool that had the same address". */
 MP_INLINE mp_tcache *mp_tcache_get(magpool_t *pool) {
   mp_tcache *tc = mp_tls_last;
-  if (MP_LIKELY(tc != NULL && tc->pool == pool && tc->uid == pool->uid &&
+  if (MP_LIKELY(tc != NULL && tc->pool == pool &&
                 tc->epoch == mp_load_relaxed(&pool->trim_epoch)))
     return tc;
   return mp_tcache_get_slow(pool);
@@ -491,10 +504,51 @@ void mp_streams_trim(magpool_t *pool, mp_tcache *tc);
 void mp_streams_stats(magpool_t *pool, size_t *cached, size_t *pending);
 
 /* pool.c helpers shared with stream.c and scope.c */
-void *mp_hand_out(magpool_t *pool, mp_tcache *tc, void *p, unsigned order,
-                  size_t size, uint32_t flags);
-int mp_claim_header(magpool_t *pool, void *p, size_t size, bool sized,
-                    bool scoped, unsigned *order_out, size_t *req_out);
+
+/* Marks p live in its header and counts it: every path that hands a block
+ * to the program ends here. */
+MP_INLINE void *mp_hand_out(magpool_t *pool, mp_tcache *tc, void *p, unsigned order,
+                            size_t size, uint32_t flags) {
+  mp_region *r = mp_region_of(pool, p);
+  size_t bs = mp_block_bytes(pool, order);
+  _Atomic uint32_t *h = &r->hdr[(size_t)((char *)p - r->base) >> pool->min_shift];
+  size_t slack = bs - size;
+  if (MP_UNLIKELY(slack >= MP_HDR_BIG)) mp_hdr_store_big(h, slack);
+  /* Relaxed: the header is only read by a later free of p, which the
+   * program orders after this allocation (it must hold p to free it). */
+  mp_store_relaxed(h, mp_hdr_make(order, slack) | flags);
+  mp_owner_add(&tc->st.used, bs);
+  mp_owner_add(&tc->st.requested, size);
+  mp_owner_add(&tc->st.allocs, 1);
+  if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_alloc(pool, p, size);
+  return p;
+}
+
+/* Validates p as a live block of the pool (optionally of the given
+ * requested size) without changing anything.  On success stores the
+ * header word's address, order and requested size. */
+MP_INLINE int mp_peek_header(magpool_t *pool, const void *p, size_t size, bool sized,
+                             bool scoped, _Atomic uint32_t **h_out, unsigned *order_out,
+                             size_t *req_out) {
+  mp_region *r = mp_region_of(pool, p);
+  if (MP_UNLIKELY(r == NULL)) return MAGPOOL_EINVAL;
+  size_t off = (size_t)((const char *)p - r->base);
+  if (MP_UNLIKELY(off & (pool->cfg.min_block - 1))) return MAGPOOL_EINVAL;
+  _Atomic uint32_t *h = &r->hdr[off >> pool->min_shift];
+  uint32_t w = mp_load_relaxed(h);
+  uint32_t o1 = w & MP_HDR_ORDER_MASK;
+  if (MP_UNLIKELY(o1 == 0)) return MAGPOOL_EINVAL; /* interior, freed, foreign */
+  if (MP_UNLIKELY(((w & MP_HDR_SCOPE) != 0) != scoped)) return MAGPOOL_EINVAL;
+  unsigned order = o1 - 1;
+  size_t slack = w >> MP_HDR_SLACK_SHIFT;
+  if (MP_UNLIKELY(slack >= MP_HDR_BIG)) slack = mp_hdr_slack(h, w);
+  size_t req = mp_block_bytes(pool, order) - slack;
+  if (MP_UNLIKELY(sized && size != req)) return MAGPOOL_EINVAL;
+  *h_out = h;
+  *order_out = order;
+  *req_out = req;
+  return 0;
+}
 
 /* ------------------------------------------------------------------------ */
 /* hoststream.c - host streams (public API in magpool.h) plus:              */

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-_Thread_local mp_tcache *mp_tls_last;
+_Thread_local mp_tcache *mp_tls_last __attribute__((tls_model("initial-exec")));
 static _Thread_local mp_tcache *tls_list;
 
 static pthread_key_t tls_key;
@@ -295,7 +295,15 @@ void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
 
 void mp_cache_free_slow(magpool_t *pool, mp_tcache *tc, void *p, unsigned order) {
   if (order >= tc->nclasses) {
-    mp_tree_give(pool, tc, p, order);
+    if (tc->nclasses == 0 && mp_block_bytes(pool, order) <= pool->cfg.cache_max_block) {
+      /* Caching off: small blocks are only released (lazy coalescing).
+       * Merging every free at once would make each alloc/free pair split
+       * and re-merge a chain of blocks; the out-of-memory ladder and trim
+       * coalesce instead. */
+      mp_tree_give_lazy(pool, tc, p, order);
+    } else {
+      mp_tree_give(pool, tc, p, order);
+    }
     return;
   }
   mp_tclass *c = &tc->cls[order];
@@ -415,8 +423,11 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
       memset(tc, 0, sizeof *tc);
       tc->pool = pool;
       tc->uid = pool->uid;
-      tc->nclasses = pool->nclasses;
       tc->limit = pool->cfg.thread_cache_bytes;
+      tc->shift = pool->min_shift;
+      tc->r0_base = pool->regions[0]->base;
+      tc->r0_bytes = pool->regions[0]->bytes;
+      tc->r0_hdr = pool->regions[0]->hdr;
       atomic_init(&tc->state, MP_TC_LIVE);
       mp_tcache *h = mp_load_relaxed(&pool->tcaches);
       do {
@@ -438,6 +449,15 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
     mp_tcache_flush(pool, tc);
     tc->epoch = ep;
   }
+  /* Tracking needs every allocation on a path that records it: it turns
+   * the caches off (magpool_tracking_enable bumps the epoch to get here). */
+  bool on = pool->nclasses != 0 && !mp_load_acquire(&pool->tracking);
+  if (!on && tc->nclasses != 0) {
+    mp_tcache_flush(pool, tc);
+    tcache_drop_mags(pool, tc);
+  }
+  tc->nclasses = on ? pool->nclasses : 0;
+  tc->cache_max = on ? mp_block_bytes(pool, pool->nclasses - 1) : 0;
   mp_tls_last = tc;
   return tc;
 }

@@ -59,6 +59,9 @@ static int config_load(const magpool_config_t *in, magpool_config_t *out) {
   out->pool_size &= ~(mb - 1);
   if (out->pool_size < mb) return MAGPOOL_EINVAL;
   if (out->max_pool_size != 0 && out->max_pool_size < out->pool_size) return MAGPOOL_EINVAL;
+  /* Cached blocks stay under 32 MiB so their header's slack field never
+   * needs the big-slack words (the fast paths rely on it). */
+  if (out->cache_max_block > ((size_t)16 << 20)) out->cache_max_block = (size_t)16 << 20;
   if (out->kind != MAGPOOL_MEM_HOST && out->kind != MAGPOOL_MEM_DEVICE &&
       out->kind != MAGPOOL_MEM_PINNED)
     return MAGPOOL_EINVAL;
@@ -150,6 +153,7 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   if (pool == NULL) return MAGPOOL_ENOMEM;
   pool->cfg = c;
   pool->uid = mp_fetch_add_relaxed(&next_pool_uid, 1);
+  atomic_init(&pool->trim_epoch, pool->uid << 32); /* see mp_tcache_get */
   pool->min_shift = mp_log2_floor(c.min_block);
 
   /* Cached classes: blocks up to cache_max_block, and no larger than half
@@ -274,6 +278,13 @@ void mp_tree_give(magpool_t *pool, mp_tcache *tc, void *p, unsigned order) {
   tree_delta_add(pool, tc, -(int64_t)mp_block_bytes(pool, order));
 }
 
+void mp_tree_give_lazy(magpool_t *pool, mp_tcache *tc, void *p, unsigned order) {
+  mp_region *r = mp_region_of(pool, p);
+  uint64_t off = (uint64_t)((char *)p - r->base) >> pool->min_shift;
+  mp_tree_release(&r->tree, off, order);
+  tree_delta_add(pool, tc, -(int64_t)mp_block_bytes(pool, order));
+}
+
 static void coalesce_all(magpool_t *pool) {
   unsigned n = mp_load_acquire(&pool->nregions);
   for (unsigned i = 0; i < n; i++) mp_tree_coalesce_all(&pool->regions[i]->tree);
@@ -316,26 +327,8 @@ static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned ord
   return p != NULL ? p : mp_tree_take_hard(pool, tc, order);
 }
 
-/* Marks p live in its header and counts it.  Shared by every path that
- * hands a block to the program. */
-void *mp_hand_out(magpool_t *pool, mp_tcache *tc, void *p, unsigned order,
-                  size_t size, uint32_t flags) {
-  mp_region *r = mp_region_of(pool, p);
-  size_t bs = mp_block_bytes(pool, order);
-  _Atomic uint32_t *h = &r->hdr[(size_t)((char *)p - r->base) >> pool->min_shift];
-  size_t slack = bs - size;
-  if (MP_UNLIKELY(slack >= MP_HDR_BIG)) mp_hdr_store_big(h, slack);
-  /* Relaxed: the header is only read by a later free of p, which the
-   * program orders after this allocation (it must hold p to free it). */
-  mp_store_relaxed(h, mp_hdr_make(order, slack) | flags);
-  mp_owner_add(&tc->st.used, bs);
-  mp_owner_add(&tc->st.requested, size);
-  mp_owner_add(&tc->st.allocs, 1);
-  if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_alloc(pool, p, size);
-  return p;
-}
-
-void *mp_alloc_flags(magpool_t *pool, size_t size, uint32_t flags) {
+/* Everything but a magazine hit. */
+static MP_NOINLINE void *alloc_full(magpool_t *pool, size_t size, uint32_t flags) {
   if (MP_UNLIKELY(pool == NULL)) return mp_fail(MAGPOOL_EINVAL);
   unsigned order;
   if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
@@ -343,9 +336,8 @@ void *mp_alloc_flags(magpool_t *pool, size_t size, uint32_t flags) {
   if (MP_UNLIKELY(tc == NULL)) return mp_fail(MAGPOOL_ENOMEM);
   void *p;
   mp_mag *m;
-  if (MP_LIKELY(order < tc->nclasses && (m = tc->cls[order].loaded) != NULL &&
-                m->count != 0)) {
-    p = m->slot[--m->count]; /* magazine hit */
+  if (order < tc->nclasses && (m = tc->cls[order].loaded) != NULL && m->count != 0) {
+    p = m->slot[--m->count];
     mp_owner_add(&tc->st.cached, -(uint64_t)mp_block_bytes(pool, order));
   } else {
     p = alloc_slow(pool, tc, order);
@@ -354,46 +346,59 @@ void *mp_alloc_flags(magpool_t *pool, size_t size, uint32_t flags) {
   return mp_hand_out(pool, tc, p, order, size, flags);
 }
 
-void *magpool_alloc(magpool_t *pool, size_t size) {
-  return mp_alloc_flags(pool, size, 0);
+/* The fast path: a hit in the calling thread's magazine for a block of
+ * region 0.  Reads only the thread's record and the magazine; writes the
+ * block's header word and the thread's own counters.  No atomic RMW, no
+ * lock, no shared counter, no CUDA call.  The header needs no big-slack
+ * words here: cached blocks are at most 16 MiB (config_load). */
+MP_INLINE void *alloc_impl(magpool_t *pool, size_t size, uint32_t flags) {
+  mp_tcache *tc = mp_tls_last;
+  if (MP_LIKELY(tc != NULL && tc->pool == pool &&
+                tc->epoch == mp_load_relaxed(&pool->trim_epoch) && size <= tc->cache_max)) {
+    size_t q = (size - (size != 0)) >> tc->shift; /* (size-1)/min_block */
+    unsigned order = q == 0 ? 0 : 64u - mp_clz64(q);
+    mp_mag *m = tc->cls[order].loaded;
+    if (MP_LIKELY(m != NULL && m->count != 0)) {
+      char *p = m->slot[m->count - 1];
+      size_t off = (size_t)(p - tc->r0_base);
+      if (MP_LIKELY(off < tc->r0_bytes)) {
+        size_t bs = (size_t)1 << (order + tc->shift);
+        m->count--;
+        mp_store_relaxed(&tc->r0_hdr[off >> tc->shift],
+                         (uint32_t)(order + 1) | (uint32_t)((bs - size) << MP_HDR_SLACK_SHIFT) |
+                             flags);
+        mp_owner_add(&tc->st.cached, -(uint64_t)bs);
+        mp_owner_add(&tc->st.used, bs);
+        mp_owner_add(&tc->st.requested, size);
+        mp_owner_add(&tc->st.allocs, 1);
+        return p;
+      }
+    }
+  }
+  return alloc_full(pool, size, flags);
+}
+
+void *magpool_alloc(magpool_t *pool, size_t size) { return alloc_impl(pool, size, 0); }
+
+void *mp_alloc_flags(magpool_t *pool, size_t size, uint32_t flags) {
+  return alloc_impl(pool, size, flags);
 }
 
 /* ------------------------------------------------------------ free path */
 
-/* Validates p and claims its header (live -> 0).  On success stores the
- * block's order and requested size.  Changes nothing on failure. */
-int mp_claim_header(magpool_t *pool, void *p, size_t size, bool sized,
-                    bool scoped, unsigned *order_out, size_t *req_out) {
-  mp_region *r = mp_region_of(pool, p);
-  if (MP_UNLIKELY(r == NULL)) return MAGPOOL_EINVAL;
-  size_t off = (size_t)((char *)p - r->base);
-  if (MP_UNLIKELY(off & (pool->cfg.min_block - 1))) return MAGPOOL_EINVAL;
-  _Atomic uint32_t *h = &r->hdr[off >> pool->min_shift];
-  uint32_t w = mp_load_relaxed(h);
-  uint32_t o1 = w & MP_HDR_ORDER_MASK;
-  if (MP_UNLIKELY(o1 == 0)) return MAGPOOL_EINVAL; /* interior, freed, foreign */
-  if (MP_UNLIKELY(((w & MP_HDR_SCOPE) != 0) != scoped)) return MAGPOOL_EINVAL;
-  unsigned order = o1 - 1;
-  size_t bs = mp_block_bytes(pool, order);
-  size_t req = bs - mp_hdr_slack(h, w);
-  if (MP_UNLIKELY(sized && size != req)) return MAGPOOL_EINVAL;
-  /* The header moves live -> 0 exactly once per allocation.  A plain
-   * store suffices between frees the program orders; the CAS-free design
-   * keeps the fast path free of locked instructions (see magpool_free's
-   * contract on racing double frees). */
-  mp_store_relaxed(h, 0);
-  *order_out = order;
-  *req_out = req;
-  return 0;
-}
-
-int mp_free_checked(magpool_t *pool, void *p, size_t size, bool sized, bool scoped) {
+static MP_NOINLINE int free_full(magpool_t *pool, void *p, size_t size, bool sized, bool scoped) {
   if (MP_UNLIKELY(pool == NULL)) return MAGPOOL_EINVAL;
   if (p == NULL) return 0;
   unsigned order;
   size_t req;
-  int rc = mp_claim_header(pool, p, size, sized, scoped, &order, &req);
+  _Atomic uint32_t *h;
+  int rc = mp_peek_header(pool, p, size, sized, scoped, &h, &order, &req);
   if (MP_UNLIKELY(rc != 0)) return rc;
+  /* Claim: the header moves live -> 0 exactly once per allocation.  A
+   * plain store suffices between frees the program orders; keeping locked
+   * instructions off the fast path is why racing double frees of one
+   * pointer are the caller's data race (see magpool_free). */
+  mp_store_relaxed(h, 0);
   mp_tcache *tc = mp_tcache_get(pool);
   size_t bs = mp_block_bytes(pool, order);
   if (MP_UNLIKELY(tc == NULL)) { /* no host memory for a record: no stats */
@@ -419,12 +424,50 @@ int mp_free_checked(magpool_t *pool, void *p, size_t size, bool sized, bool scop
   return 0;
 }
 
-int magpool_free(magpool_t *pool, void *ptr) {
-  return mp_free_checked(pool, ptr, 0, false, false);
+
+/* The fast path: p is a live block of region 0 of a cached class, and the
+ * calling thread's magazine for it has room.  Validation is complete (the
+ * same checks as mp_peek_header); anything unusual goes to free_full,
+ * which repeats them and reports errors. */
+MP_INLINE int free_impl(magpool_t *pool, void *p, size_t size, bool sized, bool scoped) {
+  mp_tcache *tc = mp_tls_last;
+  if (MP_LIKELY(tc != NULL && tc->pool == pool &&
+                tc->epoch == mp_load_relaxed(&pool->trim_epoch))) {
+    size_t off = (size_t)((char *)p - tc->r0_base);
+    size_t unit = off >> tc->shift;
+    if (MP_LIKELY(off < tc->r0_bytes && (unit << tc->shift) == off)) {
+      _Atomic uint32_t *h = &tc->r0_hdr[unit];
+      uint32_t w = mp_load_relaxed(h);
+      unsigned order = (w & MP_HDR_ORDER_MASK) - 1; /* ~0u when not live */
+      if (MP_LIKELY(order < tc->nclasses &&
+                    (w & MP_HDR_SCOPE) == (scoped ? MP_HDR_SCOPE : 0u))) {
+        size_t bs = (size_t)1 << (order + tc->shift);
+        size_t req = bs - (w >> MP_HDR_SLACK_SHIFT);
+        mp_mag *m = tc->cls[order].loaded;
+        if (MP_LIKELY((!sized || size == req) && m != NULL && m->count < m->cap &&
+                      mp_load_relaxed(&tc->st.cached) + bs <= tc->limit)) {
+          mp_store_relaxed(h, 0); /* claim (see free_full) */
+          m->slot[m->count++] = p;
+          mp_owner_add(&tc->st.cached, bs);
+          mp_owner_add(&tc->st.used, -(uint64_t)bs);
+          mp_owner_add(&tc->st.requested, -(uint64_t)req);
+          mp_owner_add(&tc->st.frees, 1);
+          return 0;
+        }
+      }
+    }
+  }
+  return free_full(pool, p, size, sized, scoped);
 }
 
+int mp_free_checked(magpool_t *pool, void *p, size_t size, bool sized, bool scoped) {
+  return free_impl(pool, p, size, sized, scoped);
+}
+
+int magpool_free(magpool_t *pool, void *ptr) { return free_impl(pool, ptr, 0, false, false); }
+
 int magpool_free_sized(magpool_t *pool, void *ptr, size_t size) {
-  return mp_free_checked(pool, ptr, size, true, false);
+  return free_impl(pool, ptr, size, true, false);
 }
 
 size_t magpool_usable_size(magpool_t *pool, const void *ptr) {

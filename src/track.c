@@ -74,6 +74,9 @@ int magpool_tracking_enable(magpool_t *pool, int on) {
   } else {
     mp_store_release(&pool->tracking, 0);
   }
+  /* Every thread re-reads the flag on its next call (mp_tcache_get_slow):
+   * caches go off while tracking is on, so no allocation escapes it. */
+  mp_fetch_add_acq_rel(&pool->trim_epoch, 1);
   return 0;
 }
 
