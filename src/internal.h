@@ -308,6 +308,9 @@ typedef struct mp_tcache {
   magpool_t *pool;
   uint64_t epoch;        /* pool->trim_epoch last seen                 */
   unsigned nclasses;     /* 0 when caching is off or tracking is on    */
+  unsigned s_nclasses;   /* stream-cache classes for the fast paths (0
+                            while tracking is on)                      */
+  size_t s_cache_max;    /* largest stream-cached request (0: none)    */
   unsigned shift;        /* log2(min_block)                            */
   size_t cache_max;      /* largest cached request (0: none)           */
   size_t limit;          /* thread_cache_bytes                         */
@@ -336,6 +339,9 @@ struct magpool {
   unsigned min_shift;          /* log2(min_block)                       */
   unsigned nclasses;           /* cached orders are 0..nclasses-1       */
   uint32_t mag_cap[MP_MAX_CLASSES];
+  unsigned s_nclasses;         /* stream-cached orders (stream caches
+                                  work with or without thread caches)   */
+  uint32_t s_mag_cap[MP_MAX_CLASSES];
   _Atomic uint64_t trim_epoch; /* bumped by magpool_trim                */
 
   const mp_source_ops *src;
@@ -452,6 +458,7 @@ void mp_depot_drain(magpool_t *pool);
 void mp_blocks_give(magpool_t *pool, mp_tcache *tc, void **blk, uint32_t n,
                     unsigned order);
 mp_mag *mp_mag_new(magpool_t *pool, unsigned order);
+mp_mag *mp_mag_new_cap(magpool_t *pool, unsigned order, uint32_t cap);
 void mp_mag_free(magpool_t *pool, mp_mag *m);
 /* Pool teardown: orphan live records, free the others and all magazines. */
 void mp_tcaches_destroy(magpool_t *pool);

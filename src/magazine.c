@@ -77,6 +77,10 @@ typedef struct mag_chunk {
 } mag_chunk;
 
 mp_mag *mp_mag_new(magpool_t *pool, unsigned order) {
+  return mp_mag_new_cap(pool, order, pool->mag_cap[order < pool->nclasses ? order : 0]);
+}
+
+mp_mag *mp_mag_new_cap(magpool_t *pool, unsigned order, uint32_t cap) {
   mp_mag *m = mp_stack_pop(&pool->spare);
   if (m == NULL) {
     size_t bytes = MP_CACHELINE + MP_MAG_CHUNK_MAGS * MP_MAG_BYTES;
@@ -97,8 +101,7 @@ mp_mag *mp_mag_new(magpool_t *pool, unsigned order) {
     m = (mp_mag *)first;
   }
   m->count = 0;
-  m->cap = pool->mag_cap[order < pool->nclasses ? order : 0];
-  if (m->cap == 0) m->cap = 1;
+  m->cap = cap != 0 ? cap : 1;
   m->order = order;
   mp_store_relaxed(&m->next, NULL);
   return m;
@@ -457,6 +460,9 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
     tcache_drop_mags(pool, tc);
   }
   tc->nclasses = on ? pool->nclasses : 0;
+  bool son = pool->s_nclasses != 0 && !mp_load_acquire(&pool->tracking);
+  tc->s_nclasses = son ? pool->s_nclasses : 0;
+  tc->s_cache_max = son ? mp_block_bytes(pool, pool->s_nclasses - 1) : 0;
   tc->cache_max = on ? mp_block_bytes(pool, pool->nclasses - 1) : 0;
   mp_tls_last = tc;
   return tc;

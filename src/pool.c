@@ -170,6 +170,18 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
     while (cap * 2 <= MP_MAG_MAX_SLOTS && cap * 2 <= fit) cap *= 2;
     pool->mag_cap[k] = cap;
   }
+  /* Stream caches: the same class limit, sized by stream_cache_bytes. */
+  size_t smax = c.cache_max_block;
+  if (smax > c.stream_cache_bytes / 2) smax = c.stream_cache_bytes / 2;
+  unsigned sn = 0;
+  while (sn < MP_MAX_CLASSES && mp_block_bytes(pool, sn) <= smax) sn++;
+  pool->s_nclasses = c.stream_cache_bytes == 0 ? 0 : sn;
+  for (unsigned k = 0; k < pool->s_nclasses; k++) {
+    size_t fit = c.stream_cache_bytes / 4 / mp_block_bytes(pool, k);
+    uint32_t cap = 1;
+    while (cap * 2 <= MP_MAG_MAX_SLOTS && cap * 2 <= fit) cap *= 2;
+    pool->s_mag_cap[k] = cap;
+  }
   size_t dl = 8 * c.thread_cache_bytes;
   pool->depot_limit = dl < c.pool_size / 4 ? dl : c.pool_size / 4;
 

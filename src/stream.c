@@ -419,7 +419,7 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
   unsigned order;
   if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
-  if (order < tc->nclasses && e != NULL) {
+  if (order < pool->s_nclasses && e != NULL) {
     if (entry_try(e)) {
       void *p = NULL;
       if (MP_LIKELY(mp_load_relaxed(&e->sid) == tc->s_sid)) {
@@ -463,7 +463,7 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sentry
   mp_owner_add(&tc->st.requested, -(uint64_t)req);
   mp_owner_add(&tc->st.frees, 1);
 
-  if (order < tc->nclasses && e != NULL) {
+  if (order < pool->s_nclasses && e != NULL) {
     entry_lock(e);
     if (mp_load_relaxed(&e->sid) == tc->s_sid) {
       mp_mag *m = e->mag[order];
@@ -473,7 +473,7 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sentry
         m = NULL;
       }
       if (m == NULL) {
-        m = e->mag[order] = mp_mag_new(pool, order);
+        m = e->mag[order] = mp_mag_new_cap(pool, order, pool->s_mag_cap[order]);
       }
       if (m != NULL) {
         m->slot[m->count++] = p;
@@ -482,7 +482,7 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sentry
         if (e->bytes > (int64_t)pool->cfg.stream_cache_bytes) {
           int64_t bs_of[MP_MAX_CLASSES];
           for (unsigned k = 0; k < MP_MAX_CLASSES; k++)
-            bs_of[k] = k < tc->nclasses ? (int64_t)mp_block_bytes(pool, k) : 0;
+            bs_of[k] = k < pool->s_nclasses ? (int64_t)mp_block_bytes(pool, k) : 0;
           chain = entry_take_full(e, bs_of);
         }
         mp_store_relaxed(&e->cached, e->bytes);
@@ -523,7 +523,7 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
   if (MP_UNLIKELY(vr != 0)) return vr;
   size_t bs = mp_block_bytes(pool, order);
 
-  if (MP_LIKELY(order < tc->nclasses && e != NULL) && entry_try(e)) {
+  if (MP_LIKELY(order < pool->s_nclasses && e != NULL) && entry_try(e)) {
     mp_mag *m = e->mag[order];
     if (MP_LIKELY(mp_load_relaxed(&e->sid) == tc->s_sid && m != NULL && m->count < m->cap &&
                   e->bytes + (int64_t)bs <= (int64_t)pool->cfg.stream_cache_bytes)) {
@@ -556,7 +556,7 @@ MP_INLINE bool memo_hit(magpool_t *pool, mp_tcache *tc, magpool_stream_t s) {
 
 void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
   mp_tcache *tc = mp_tls_last;
-  if (MP_LIKELY(memo_hit(pool, tc, s) && size <= tc->cache_max)) {
+  if (MP_LIKELY(memo_hit(pool, tc, s) && size <= tc->s_cache_max)) {
     size_t q = (size - (size != 0)) >> tc->shift;
     unsigned order = q == 0 ? 0 : 64u - mp_clz64(q);
     mp_sentry *e = tc->s_entry;
@@ -595,7 +595,7 @@ int magpool_free_async(magpool_t *pool, void *ptr, magpool_stream_t s) {
       uint32_t w = mp_load_relaxed(h);
       unsigned order = (w & MP_HDR_ORDER_MASK) - 1; /* ~0u when not live */
       mp_sentry *e = tc->s_entry;
-      if (MP_LIKELY(order < tc->nclasses && (w & MP_HDR_SCOPE) == 0 && entry_try(e))) {
+      if (MP_LIKELY(order < tc->s_nclasses && (w & MP_HDR_SCOPE) == 0 && entry_try(e))) {
         size_t bs = (size_t)1 << (order + tc->shift);
         mp_mag *m = e->mag[order];
         if (MP_LIKELY(mp_load_relaxed(&e->sid) == tc->s_sid && m != NULL && m->count < m->cap &&
