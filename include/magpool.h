@@ -185,7 +185,7 @@ MAGPOOL_API int magpool_destroy(magpool_t *pool);
 /* Allocates size bytes in a block of the next power of two (at least
  * min_block).  The block is aligned to min_block, and to its own size up to
  * the alignment of the region it lies in: on HOST pools a region is aligned
- * to its size rounded up to a power of two (at most 1 GiB); on DEVICE and
+ * to its size rounded up to a power of two; on DEVICE and
  * PINNED pools to what cudaMalloc / cudaHostAlloc give (at least 256 B).  size 0 is valid: it returns a
  * unique block of min_block bytes that must be freed like any other.
  * Returns NULL with MAGPOOL_EINVAL for a NULL pool, and MAGPOOL_ENOMEM when

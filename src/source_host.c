@@ -7,15 +7,14 @@
 /* Reserve: anonymous, NORESERVE mapping; pages are backed on first touch
  * and given back by decommit (MADV_DONTNEED), which is what a later issue's
  * chunk mapping will call. */
-/* Regions are aligned to their size rounded up to a power of two (at most
- * 1 GiB), so that every block is aligned to its own size: the tree places
+/* Regions are aligned to their size rounded up to a power of two, so that
+ * every block is aligned to its own size: the tree places
  * a block of 2^k bytes at an offset that is a multiple of 2^k.  Over-
  * reserving address space with NORESERVE costs no memory; the unaligned
  * head and tail are unmapped at once. */
 static int host_reserve(void *ctx, size_t size, void **base) {
   (void)ctx;
   size_t align = (size_t)1 << mp_log2_ceil(size);
-  if (align > ((size_t)1 << 30)) align = (size_t)1 << 30;
   if (align < 4096) align = 4096;
   size_t span = size + align - 4096;
   char *p = mmap(NULL, span, PROT_READ | PROT_WRITE,
