@@ -271,7 +271,8 @@ typedef struct mp_mag {
  * safe (it is atomic, and the CAS then fails). */
 typedef struct mp_stack {
   _Atomic uint64_t head;
-} mp_stack;
+  _Atomic int64_t bytes; /* depots: bytes held, on the head's line */
+} __attribute__((aligned(MP_CACHELINE))) mp_stack;
 void mp_stack_push(mp_stack *s, mp_mag *m);
 mp_mag *mp_stack_pop(mp_stack *s);
 
@@ -361,8 +362,7 @@ struct magpool {
   _Atomic(mp_tcache *) tcaches;/* push-only list of thread records      */
 
   mp_stack depot[MP_MAX_CLASSES]; /* full magazines                     */
-  _Atomic int64_t depot_bytes;
-  size_t depot_limit;
+  size_t depot_limit;          /* per class                             */
   mp_stack spare;              /* empty magazines of any class          */
   _Atomic(void *) mag_chunks;  /* slabs magazines are carved from       */
 

@@ -12,9 +12,10 @@
  *
  * Hoarding bound: a thread's magazines for one pool never hold more than
  * thread_cache_bytes at the end of any call (checked before every cached
- * push and after every refill).  Depots hold at most depot_limit bytes
- * (min(8 x thread_cache_bytes, pool_size / 4)); the out-of-memory ladder
- * drains them.
+ * push and after every refill).  Each class's depot holds at most
+ * depot_limit bytes (min(2 x thread_cache_bytes, pool_size / 16)); the
+ * out-of-memory ladder drains them.  A depot's byte count shares the cache
+ * line of its head, which every depot operation touches anyway.
  */
 #include "internal.h"
 
@@ -210,13 +211,14 @@ static void reclaim(magpool_t *pool, mp_tcache *tc, size_t need) {
 static mp_mag *depot_put(magpool_t *pool, mp_tcache *tc, mp_mag *m, unsigned order) {
   int64_t bytes = (int64_t)m->count * (int64_t)mp_block_bytes(pool, order);
   cached_add(tc, -bytes);
-  if (mp_load_relaxed(&pool->depot_bytes) + bytes > (int64_t)pool->depot_limit) {
+  mp_stack *d = &pool->depot[order];
+  if (mp_load_relaxed(&d->bytes) + bytes > (int64_t)pool->depot_limit) {
     mp_blocks_give(pool, tc, m->slot, m->count, order);
     m->count = 0;
     return m;
   }
-  mp_fetch_add_relaxed(&pool->depot_bytes, bytes);
-  mp_stack_push(&pool->depot[order], m);
+  mp_fetch_add_relaxed(&d->bytes, bytes);
+  mp_stack_push(d, m);
   return NULL;
 }
 
@@ -231,7 +233,7 @@ void mp_depot_drain(magpool_t *pool) {
     mp_mag *m;
     while ((m = mp_stack_pop(&pool->depot[k])) != NULL) {
       int64_t bytes = (int64_t)m->count * (int64_t)mp_block_bytes(pool, k);
-      mp_fetch_add_relaxed(&pool->depot_bytes, -bytes);
+      mp_fetch_add_relaxed(&pool->depot[k].bytes, -bytes);
       mp_blocks_give(pool, tc, m->slot, m->count, k);
       mp_mag_free(pool, m);
     }
@@ -254,7 +256,7 @@ void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
   }
   if ((m = mp_stack_pop(&pool->depot[order])) != NULL) { /* full from depot */
     int64_t bytes = (int64_t)m->count * (int64_t)bs;
-    mp_fetch_add_relaxed(&pool->depot_bytes, -bytes);
+    mp_fetch_add_relaxed(&pool->depot[order].bytes, -bytes);
     cached_add(tc, bytes);
     if (c->loaded != NULL) {
       if (c->prev == NULL) c->prev = c->loaded;

@@ -28,7 +28,10 @@ void mp_pool_set_source_override(const mp_source_ops *ops) {
 #define MP_DEFAULT_CACHE_MAX ((size_t)1 << 20)
 #define MP_DEFAULT_STREAM_CACHE ((size_t)8 << 20)
 #define MP_MAG_MAX_SLOTS 64u
-#define MP_PEAK_BATCH ((int64_t)64 << 10)
+/* Tree usage reaches the shared peak counter in steps of this size: the
+ * random workload's refills and flushes of large classes made a smaller
+ * step a contended atomic on most slow paths. */
+#define MP_PEAK_BATCH ((int64_t)4 << 20)
 
 void magpool_config_init(magpool_config_t *cfg) {
   if (cfg == NULL) return;
@@ -149,8 +152,11 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   int rc = config_load(cfg, &c);
   if (rc != 0) return rc;
 
-  magpool_t *pool = calloc(1, sizeof *pool);
+  /* Cache-line aligned: the depot heads inside are. */
+  size_t pbytes = (sizeof(magpool_t) + MP_CACHELINE - 1) & ~(size_t)(MP_CACHELINE - 1);
+  magpool_t *pool = aligned_alloc(MP_CACHELINE, pbytes);
   if (pool == NULL) return MAGPOOL_ENOMEM;
+  memset(pool, 0, pbytes);
   pool->cfg = c;
   pool->uid = mp_fetch_add_relaxed(&next_pool_uid, 1);
   atomic_init(&pool->trim_epoch, pool->uid << 32); /* see mp_tcache_get */
@@ -182,8 +188,8 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
     while (cap * 2 <= MP_MAG_MAX_SLOTS && cap * 2 <= fit) cap *= 2;
     pool->s_mag_cap[k] = cap;
   }
-  size_t dl = 8 * c.thread_cache_bytes;
-  pool->depot_limit = dl < c.pool_size / 4 ? dl : c.pool_size / 4;
+  size_t dl = 2 * c.thread_cache_bytes;
+  pool->depot_limit = dl < c.pool_size / 16 ? dl : c.pool_size / 16;
 
   const mp_source_ops *ovr = mp_load_acquire(&source_override);
   if (ovr != NULL) pool->src = ovr;
@@ -530,6 +536,12 @@ static sums sum_threads(magpool_t *pool) {
   return s;
 }
 
+static int64_t depot_sum(magpool_t *pool) {
+  int64_t d = 0;
+  for (unsigned k = 0; k < MP_MAX_CLASSES; k++) d += mp_load_relaxed(&pool->depot[k].bytes);
+  return d;
+}
+
 static void tree_sums(magpool_t *pool, uint64_t *free_bytes, size_t *largest) {
   uint64_t fb = 0;
   size_t lg = 0;
@@ -550,7 +562,7 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   sums s = sum_threads(pool);
   size_t scached = 0, spending = 0;
   mp_streams_stats(pool, &scached, &spending);
-  int64_t depot = mp_load_relaxed(&pool->depot_bytes);
+  int64_t depot = depot_sum(pool);
   out->used_bytes = (size_t)s.used;
   out->requested_bytes = (size_t)s.requested;
   out->reserved_bytes = mp_load_relaxed(&pool->reserved);
@@ -585,7 +597,7 @@ int magpool_mem_info(magpool_t *pool, size_t *free_bytes, size_t *total_bytes) {
     sums s = sum_threads(pool);
     size_t scached = 0, spending = 0;
     mp_streams_stats(pool, &scached, &spending);
-    int64_t depot = mp_load_relaxed(&pool->depot_bytes);
+    int64_t depot = depot_sum(pool);
     *free_bytes = (size_t)fb + (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
   }
   if (total_bytes != NULL) *total_bytes = mp_load_relaxed(&pool->reserved);
