@@ -144,7 +144,7 @@ consumer_cmake() {
 }
 
 consumer_pkgconfig() {
-  run tests/consumer/pkgconfig.sh "$prefix"
+  run bash tests/consumer/pkgconfig.sh "$prefix"
 }
 
 # ------------------------------------------------------------ sanitizers --

@@ -1,0 +1,336 @@
+// test_gpu_basic.cu - DEVICE and PINNED pools on a real GPU, and
+// stream-ordered allocation on a stream under graph capture.
+//
+//   1. DEVICE pool: create, alloc, a kernel writes a block, the host reads
+//      it back; alloc_async/free_async on a stream; free, trim, stats,
+//      check, destroy.
+//   2. PINNED pool: the host writes a block, a kernel reads it (and writes
+//      a second one that the host then reads without a copy).
+//   3. Capture: magpool_alloc_async on a stream being captured
+//      (cudaStreamCaptureModeThreadLocal) either fails with
+//      MAGPOOL_ECAPTURE or succeeds; either way nothing crashes, the
+//      capture ends cleanly (magpool made no call that invalidates it), the
+//      graph instantiates and runs, and the pool still works afterwards.
+//      Done on a fresh stream and on one the pool has already used.
+//
+// Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
+#include <cuda_runtime.h>
+#include <magpool.h>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+int g_fail = 0;
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "gpu_basic: FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #x,  \
+                   cudaGetErrorString(e_));                                            \
+      std::fflush(stdout);                                                             \
+      _exit(1);                                                                        \
+    }                                                                                  \
+  } while (0)
+
+#define EXPECT(c, ...)                                                                 \
+  do {                                                                                 \
+    if (!(c)) {                                                                        \
+      std::printf("gpu_basic: FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);              \
+      std::printf(__VA_ARGS__);                                                        \
+      std::printf("\n");                                                               \
+      g_fail++;                                                                        \
+    }                                                                                  \
+  } while (0)
+
+// Fatal variant: later steps would crash without it.
+#define REQUIRE(c, ...)                                                                \
+  do {                                                                                 \
+    EXPECT(c, __VA_ARGS__);                                                            \
+    if (!(c)) {                                                                        \
+      std::fflush(stdout);                                                             \
+      _exit(1);                                                                        \
+    }                                                                                  \
+  } while (0)
+
+__global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    p[i] = seed ^ (uint32_t)(i * 2654435761u);
+}
+
+// Counts words of p that differ from the k_fill pattern.
+__global__ void k_count_bad(const uint32_t *p, size_t n, uint32_t seed,
+                            unsigned long long *bad) {
+  unsigned long long b = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    if (p[i] != (seed ^ (uint32_t)(i * 2654435761u))) b++;
+  if (b) atomicAdd(bad, b);
+}
+
+__global__ void k_nop(int *x) {
+  if (x != nullptr) *x += 1;
+}
+
+size_t host_count_bad(const uint32_t *p, size_t n, uint32_t seed) {
+  size_t b = 0;
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != (seed ^ (uint32_t)(i * 2654435761u))) b++;
+  return b;
+}
+
+magpool_t *make_pool(magpool_mem_kind_t kind, size_t size) {
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.kind = kind;
+  cfg.pool_size = size;
+  cfg.device = 0;
+  magpool_t *pool = nullptr;
+  int rc = magpool_create(&cfg, &pool);
+  REQUIRE(rc == 0 && pool != nullptr, "magpool_create(kind %d): %s", (int)kind,
+          magpool_strerror(rc));
+  return pool;
+}
+
+void expect_empty(magpool_t *pool, size_t size, const char *what) {
+  EXPECT(magpool_trim(pool) == 0, "%s: trim", what);
+  magpool_stats_t st;
+  EXPECT(magpool_get_stats(pool, &st) == 0, "%s: stats", what);
+  EXPECT(st.used_bytes == 0, "%s: used_bytes %zu", what, st.used_bytes);
+  EXPECT(st.pending_bytes == 0, "%s: pending_bytes %zu", what, st.pending_bytes);
+  EXPECT(st.cached_bytes == 0, "%s: cached_bytes %zu", what, st.cached_bytes);
+  EXPECT(magpool_check(pool) == 0, "%s: magpool_check", what);
+  void *all = magpool_alloc(pool, size);
+  EXPECT(all != nullptr, "%s: whole pool not one block after trim: %s", what,
+         magpool_strerror(magpool_last_error()));
+  if (all != nullptr) EXPECT(magpool_free(pool, all) == 0, "%s: free whole pool", what);
+}
+
+void test_device_pool() {
+  const size_t PS = 64u << 20, N = (1u << 20) / 4;
+  magpool_t *pool = make_pool(MAGPOOL_MEM_DEVICE, PS);
+  uint32_t *d = (uint32_t *)magpool_alloc(pool, N * 4);
+  REQUIRE(d != nullptr, "device alloc: %s", magpool_strerror(magpool_last_error()));
+  cudaPointerAttributes attr;
+  CK(cudaPointerGetAttributes(&attr, d));
+  EXPECT(attr.type == cudaMemoryTypeDevice, "DEVICE pool block is memory type %d",
+         (int)attr.type);
+  k_fill<<<256, 256>>>(d, N, 0x1234u);
+  CK(cudaGetLastError());
+  std::vector<uint32_t> h(N);
+  CK(cudaMemcpy(h.data(), d, N * 4, cudaMemcpyDeviceToHost));
+  EXPECT(host_count_bad(h.data(), N, 0x1234u) == 0, "device block read back wrong");
+
+  // Stream-ordered round trip on a stream, with a device-side check.
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned long long *bad = (unsigned long long *)magpool_alloc(pool, sizeof *bad);
+  REQUIRE(bad != nullptr, "counter alloc");
+  CK(cudaMemset(bad, 0, sizeof *bad));
+  for (int i = 0; i < 200; i++) {
+    size_t n = 64 + (size_t)i * 97;
+    uint32_t *p = (uint32_t *)magpool_alloc_async(pool, n * 4, (magpool_stream_t)s);
+    REQUIRE(p != nullptr, "alloc_async %d: %s", i, magpool_strerror(magpool_last_error()));
+    k_fill<<<8, 128, 0, s>>>(p, n, 77u + i);
+    k_count_bad<<<8, 128, 0, s>>>(p, n, 77u + i, bad);
+    EXPECT(magpool_free_async(pool, p, (magpool_stream_t)s) == 0, "free_async %d", i);
+  }
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(s));
+  unsigned long long nbad = 1;
+  CK(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
+  EXPECT(nbad == 0, "%llu bad words in stream-ordered blocks", nbad);
+  EXPECT(magpool_free(pool, bad) == 0, "free counter");
+  EXPECT(magpool_free(pool, d) == 0, "free device block");
+  EXPECT(magpool_free(pool, d) == MAGPOOL_EINVAL, "double free not detected");
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)s) == 0, "release");
+  CK(cudaStreamSynchronize(s));
+  expect_empty(pool, PS, "DEVICE pool");
+  CK(cudaStreamDestroy(s));
+  EXPECT(magpool_destroy(pool) == 0, "destroy DEVICE pool");
+  std::printf("gpu_basic: DEVICE pool ok\n");
+}
+
+void test_pinned_pool() {
+  const size_t PS = 16u << 20, N = 4096;
+  magpool_t *pool = make_pool(MAGPOOL_MEM_PINNED, PS);
+  uint32_t *h = (uint32_t *)magpool_alloc(pool, N * 4);
+  uint32_t *h2 = (uint32_t *)magpool_alloc(pool, N * 4);
+  unsigned long long *bad = (unsigned long long *)magpool_alloc(pool, sizeof *bad);
+  REQUIRE(h && h2 && bad, "pinned alloc: %s", magpool_strerror(magpool_last_error()));
+  cudaPointerAttributes attr;
+  CK(cudaPointerGetAttributes(&attr, h));
+  EXPECT(attr.type == cudaMemoryTypeHost, "PINNED pool block is memory type %d",
+         (int)attr.type);
+  // Host-writable ...
+  for (size_t i = 0; i < N; i++) h[i] = 0xBEEFu ^ (uint32_t)(i * 2654435761u);
+  *bad = 0;
+  // ... device-readable (and device-writable, host-readable).
+  uint32_t *dh = nullptr, *dh2 = nullptr;
+  unsigned long long *dbad = nullptr;
+  CK(cudaHostGetDevicePointer((void **)&dh, h, 0));
+  CK(cudaHostGetDevicePointer((void **)&dh2, h2, 0));
+  CK(cudaHostGetDevicePointer((void **)&dbad, bad, 0));
+  k_count_bad<<<4, 128>>>(dh, N, 0xBEEFu, dbad);
+  k_fill<<<4, 128>>>(dh2, N, 0xF00Du);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  EXPECT(*bad == 0, "device read %llu wrong words from a pinned block", *bad);
+  EXPECT(host_count_bad(h2, N, 0xF00Du) == 0, "host read wrong words written by the device");
+  EXPECT(magpool_free(pool, h) == 0, "free");
+  EXPECT(magpool_free(pool, h2) == 0, "free");
+  EXPECT(magpool_free(pool, bad) == 0, "free");
+  expect_empty(pool, PS, "PINNED pool");
+  EXPECT(magpool_destroy(pool) == 0, "destroy PINNED pool");
+  std::printf("gpu_basic: PINNED pool ok\n");
+}
+
+// One capture round on s.  warm: the pool used s just before the capture
+// (s has a stream cache, and this thread's one-entry memo points at it).
+void capture_round(magpool_t *pool, cudaStream_t s, bool warm, const char *name) {
+  int *dummy = (int *)magpool_alloc(pool, sizeof(int));
+  REQUIRE(dummy != nullptr, "alloc");
+  CK(cudaMemset(dummy, 0, sizeof(int)));
+  CK(cudaDeviceSynchronize());
+  if (warm) {
+    for (int i = 0; i < 16; i++) {
+      void *w = magpool_alloc_async(pool, 1024, (magpool_stream_t)s);
+      REQUIRE(w != nullptr, "warm-up alloc");
+      EXPECT(magpool_free_async(pool, w, (magpool_stream_t)s) == 0, "warm-up free");
+    }
+    CK(cudaStreamSynchronize(s));
+  }
+
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  k_nop<<<1, 1, 0, s>>>(dummy);  // a real node in the graph
+  cudaError_t le = cudaGetLastError();
+  void *p = magpool_alloc_async(pool, 1024, (magpool_stream_t)s);
+  int err = p == nullptr ? magpool_last_error() : 0;
+  int frc = 0;
+  if (p != nullptr) {
+    // What a user does with a block allocated in a graph: use it in the
+    // graph, and free it in the graph.
+    k_fill<<<1, 128, 0, s>>>((uint32_t *)p, 256, 0xCAFEu);
+    frc = magpool_free_async(pool, p, (magpool_stream_t)s);
+  }
+  cudaGraph_t graph = nullptr;
+  cudaError_t ec = cudaStreamEndCapture(s, &graph);
+  (void)cudaGetLastError();
+  std::printf("gpu_basic: capture on %s stream: alloc_async %s (%s)%s%s; end capture: %s\n",
+              name, p != nullptr ? "succeeded" : "failed",
+              p != nullptr ? "-" : magpool_strerror(err),
+              p != nullptr ? ", free_async: " : "",
+              p != nullptr ? (frc == 0 ? "0" : magpool_strerror(frc)) : "",
+              cudaGetErrorString(ec));
+  EXPECT(le == cudaSuccess, "launch in capture: %s", cudaGetErrorString(le));
+  EXPECT(p != nullptr || err == MAGPOOL_ECAPTURE,
+         "alloc_async under capture failed with %s, not MAGPOOL_ECAPTURE",
+         magpool_strerror(err));
+  EXPECT(frc == 0 || frc == MAGPOOL_ECAPTURE, "free_async under capture: %s",
+         magpool_strerror(frc));
+  EXPECT(ec == cudaSuccess,
+         "magpool invalidated the user's capture: cudaStreamEndCapture: %s",
+         cudaGetErrorString(ec));
+  if (ec == cudaSuccess && graph != nullptr) {
+    cudaGraphExec_t exec;
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    // A block allocated on s after the capture, live while the graph runs
+    // on s: the graph's writes to p must not land in it.  If the capture
+    // "freed" p at capture time, p is in s's cache now and q may be p.
+    unsigned long long *gbad = (unsigned long long *)magpool_alloc(pool, sizeof *gbad);
+    REQUIRE(gbad != nullptr, "alloc");
+    CK(cudaMemset(gbad, 0, sizeof *gbad));
+    CK(cudaDeviceSynchronize());
+    uint32_t *q = (uint32_t *)magpool_alloc_async(pool, 1024, (magpool_stream_t)s);
+    REQUIRE(q != nullptr, "alloc_async after capture");
+    k_fill<<<1, 128, 0, s>>>(q, 256, 0x600Du);
+    CK(cudaGraphLaunch(exec, s));
+    k_count_bad<<<1, 128, 0, s>>>(q, 256, 0x600Du, gbad);
+    CK(cudaGetLastError());
+    CK(cudaStreamSynchronize(s));
+    int v = 0;
+    CK(cudaMemcpy(&v, dummy, sizeof v, cudaMemcpyDeviceToHost));
+    EXPECT(v == 1, "the captured graph did not run its kernel (dummy = %d)", v);
+    unsigned long long nb = 0;
+    CK(cudaMemcpy(&nb, gbad, sizeof nb, cudaMemcpyDeviceToHost));
+    EXPECT(nb == 0,
+           "%s stream: a block allocated after the capture (%p) was overwritten by the "
+           "graph's use of the block it allocated during capture (%p): %llu bad words",
+           name, (void *)q, p, nb);
+    EXPECT(magpool_free_async(pool, q, (magpool_stream_t)s) == 0, "free q");
+    CK(cudaStreamSynchronize(s));
+    EXPECT(magpool_free(pool, gbad) == 0, "free");
+    CK(cudaGraphExecDestroy(exec));
+  }
+  if (graph != nullptr) CK(cudaGraphDestroy(graph));
+  // A block the capture refused to free stays allocated: free it now.
+  if (p != nullptr && frc == MAGPOOL_ECAPTURE)
+    EXPECT(magpool_free_async(pool, p, (magpool_stream_t)s) == 0, "free after capture");
+  CK(cudaStreamSynchronize(s));
+  EXPECT(magpool_free(pool, dummy) == 0, "free dummy");
+
+  // The pool still works on s.
+  unsigned long long *bad = (unsigned long long *)magpool_alloc(pool, sizeof *bad);
+  REQUIRE(bad != nullptr, "alloc");
+  CK(cudaMemset(bad, 0, sizeof *bad));
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < 64; i++) {
+    uint32_t *q = (uint32_t *)magpool_alloc_async(pool, 4096, (magpool_stream_t)s);
+    REQUIRE(q != nullptr, "alloc_async after capture: %s",
+            magpool_strerror(magpool_last_error()));
+    k_fill<<<4, 128, 0, s>>>(q, 1024, 9u + i);
+    k_count_bad<<<4, 128, 0, s>>>(q, 1024, 9u + i, bad);
+    EXPECT(magpool_free_async(pool, q, (magpool_stream_t)s) == 0, "free_async after capture");
+  }
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(s));
+  unsigned long long nbad = 1;
+  CK(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
+  EXPECT(nbad == 0, "%llu bad words after capture", nbad);
+  EXPECT(magpool_free(pool, bad) == 0, "free");
+}
+
+void test_capture() {
+  const size_t PS = 64u << 20;
+  magpool_t *pool = make_pool(MAGPOOL_MEM_DEVICE, PS);
+  cudaStream_t fresh, warm;
+  CK(cudaStreamCreateWithFlags(&fresh, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&warm, cudaStreamNonBlocking));
+  capture_round(pool, fresh, false, "a fresh");
+  capture_round(pool, warm, true, "a used");
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)fresh) == 0, "release");
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)warm) == 0, "release");
+  CK(cudaDeviceSynchronize());
+  expect_empty(pool, PS, "capture pool");
+  CK(cudaStreamDestroy(fresh));
+  CK(cudaStreamDestroy(warm));
+  EXPECT(magpool_destroy(pool) == 0, "destroy");
+  std::printf("gpu_basic: capture done\n");
+}
+
+}  // namespace
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0) {
+    std::printf("gpu_basic: SKIP (no CUDA device: %s)\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 77;
+  }
+  CK(cudaSetDevice(0));
+  test_device_pool();
+  test_pinned_pool();
+  test_capture();
+  std::printf("gpu_basic: %s (%d failures)\n", g_fail ? "FAIL" : "PASS", g_fail);
+  return g_fail ? 1 : 0;
+}

@@ -1,0 +1,494 @@
+// test_gpu_gated.cu - deterministic stream-ordering checks on CUDA streams.
+//
+// A "gate" kernel blocks a stream until the host opens it (it polls a flag
+// in mapped pinned memory), so a stream can be held behind its frees for as
+// long as the test needs, with no timing assumptions:
+//
+//   1. gated_stream: thousands of blocks freed on a blocked stream A (small
+//      stream cache: retired in many batches) must not reach stream B or
+//      magpool_alloc, nor be trimmed back, until A passes the frees.  Work
+//      on A writes each block before the gate and checks it after; work on
+//      B writes every block B gets.
+//   2. per_thread_stream_trim: thread T frees blocks on cudaStreamPerThread
+//      while its per-thread stream is blocked; then ANOTHER thread calls
+//      magpool_trim, which retires T's per-thread stream cache.  Those
+//      blocks must stay pending until T's stream passes the frees: the
+//      retire must go behind T's stream, not behind the trimming thread's
+//      own per-thread stream (cudaStreamPerThread names a different stream
+//      on every thread).
+//
+// Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
+#include <cuda_runtime.h>
+#include <magpool.h>
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <vector>
+
+namespace {
+
+int g_fail = 0;
+
+// MAGPOOL_TEST_TRACE=1: timestamped progress on stderr (to see where a run
+// waits, e.g. for a gated stream).
+double now_s() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+const double g_t0 = now_s();
+const bool g_trace = std::getenv("MAGPOOL_TEST_TRACE") != nullptr;
+#define TRACE(...)                                                                     \
+  do {                                                                                 \
+    if (g_trace) {                                                                     \
+      std::fprintf(stderr, "[%8.3f] ", now_s() - g_t0);                                \
+      std::fprintf(stderr, __VA_ARGS__);                                               \
+      std::fprintf(stderr, "\n");                                                      \
+    }                                                                                  \
+  } while (0)
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "gpu_gated: FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #x,  \
+                   cudaGetErrorString(e_));                                            \
+      std::fflush(stdout);                                                             \
+      _exit(1);                                                                        \
+    }                                                                                  \
+  } while (0)
+
+#define EXPECT(c, ...)                                                                 \
+  do {                                                                                 \
+    if (!(c)) {                                                                        \
+      std::printf("gpu_gated: FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);              \
+      std::printf(__VA_ARGS__);                                                        \
+      std::printf("\n");                                                               \
+      g_fail++;                                                                        \
+    }                                                                                  \
+  } while (0)
+
+#define REQUIRE(c, ...)                                                                \
+  do {                                                                                 \
+    EXPECT(c, __VA_ARGS__);                                                            \
+    if (!(c)) {                                                                        \
+      std::fflush(stdout);                                                             \
+      _exit(1);                                                                        \
+    }                                                                                  \
+  } while (0)
+
+__device__ __forceinline__ unsigned long long gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Blocks its stream until *flag != 0 (set by the host) or timeout_ns passed
+// (then it records the timeout, which fails the test).
+__global__ void k_gate(volatile int *flag, unsigned long long timeout_ns, int *timed_out) {
+  unsigned long long t0 = gtimer();
+  while (*flag == 0) {
+    if (gtimer() - t0 > timeout_ns) {
+      *timed_out = 1;
+      break;
+    }
+    __nanosleep(20000);
+  }
+}
+
+__device__ __forceinline__ uint32_t pat(uint64_t tag, uint32_t i) {
+  uint64_t x = tag * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xD6E8FEB86659FD93ull;
+  x ^= x >> 31;
+  return (uint32_t)x ^ (uint32_t)(x >> 32);
+}
+
+// Block b of a batch: p[b] of n[b] words, tag base + b.
+__global__ void k_fill_many(uint32_t *const *p, const uint32_t *n, uint64_t base) {
+  uint32_t *q = p[blockIdx.x];
+  for (uint32_t i = threadIdx.x; i < n[blockIdx.x]; i += blockDim.x)
+    q[i] = pat(base + blockIdx.x, i);
+}
+
+__global__ void k_check_many(uint32_t *const *p, const uint32_t *n, uint64_t base,
+                             unsigned long long *bad) {
+  const uint32_t *q = p[blockIdx.x];
+  int b = 0;
+  for (uint32_t i = threadIdx.x; i < n[blockIdx.x]; i += blockDim.x)
+    if (q[i] != pat(base + blockIdx.x, i)) b = 1;
+  b = __syncthreads_or(b);
+  if (threadIdx.x == 0 && b) atomicAdd(bad, 1ull);
+}
+
+__global__ void k_fill1(uint32_t *p, uint32_t n, uint64_t tag) {
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) p[i] = pat(tag, i);
+}
+
+__global__ void k_check1(const uint32_t *p, uint32_t n, uint64_t tag, unsigned long long *bad) {
+  int b = 0;
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+    if (p[i] != pat(tag, i)) b = 1;
+  b = __syncthreads_or(b);
+  if (threadIdx.x == 0 && b) atomicAdd(bad, 1ull);
+}
+
+// A mapped pinned word the host writes and a gate kernel reads.
+struct Gate {
+  int *h = nullptr, *d = nullptr;        // flag
+  int *h_to = nullptr, *d_to = nullptr;  // timed out
+  void init() {
+    CK(cudaHostAlloc((void **)&h, sizeof(int), cudaHostAllocMapped));
+    CK(cudaHostAlloc((void **)&h_to, sizeof(int), cudaHostAllocMapped));
+    *h = 0;
+    *h_to = 0;
+    CK(cudaHostGetDevicePointer((void **)&d, h, 0));
+    CK(cudaHostGetDevicePointer((void **)&d_to, h_to, 0));
+  }
+  void block(cudaStream_t s) {
+    k_gate<<<1, 1, 0, s>>>(d, 60ull * 1000 * 1000 * 1000, d_to);
+    CK(cudaGetLastError());
+  }
+  void open() { __atomic_store_n(h, 1, __ATOMIC_SEQ_CST); }
+  void done(const char *what) {
+    EXPECT(__atomic_load_n(h_to, __ATOMIC_SEQ_CST) == 0,
+           "%s: the gate kernel timed out: the host never opened it", what);
+    CK(cudaFreeHost(h));
+    CK(cudaFreeHost(h_to));
+  }
+};
+
+// Pointers and sizes of a batch of blocks, on the device, for the
+// many-block kernels (kept outside the pool).
+struct Batch {
+  std::vector<uint32_t *> p;
+  std::vector<uint32_t> n;
+  uint32_t **dp = nullptr;
+  uint32_t *dn = nullptr;
+  // On s, not the legacy stream: that one would wait for every blocking
+  // stream, a gated per-thread stream included.
+  void upload(cudaStream_t s) {
+    CK(cudaMalloc(&dp, p.size() * sizeof *dp));
+    CK(cudaMalloc(&dn, n.size() * sizeof *dn));
+    CK(cudaMemcpyAsync(dp, p.data(), p.size() * sizeof *dp, cudaMemcpyHostToDevice, s));
+    CK(cudaMemcpyAsync(dn, n.data(), n.size() * sizeof *dn, cudaMemcpyHostToDevice, s));
+    CK(cudaStreamSynchronize(s));
+  }
+  void fill(cudaStream_t s, uint64_t base) {
+    for (size_t off = 0; off < p.size(); off += 65535) {
+      unsigned g = (unsigned)std::min<size_t>(65535, p.size() - off);
+      k_fill_many<<<g, 128, 0, s>>>(dp + off, dn + off, base + off);
+    }
+    CK(cudaGetLastError());
+  }
+  // One launch per block and no device memory for the arrays: for use
+  // while a stream is gated (a cudaMalloc or pageable copy then may wait for
+  // the gate kernel; seen on an H200 with CUDA 13).
+  void fill_each(cudaStream_t s, uint64_t base) {
+    for (size_t i = 0; i < p.size(); i++) k_fill1<<<1, 128, 0, s>>>(p[i], n[i], base + i);
+    CK(cudaGetLastError());
+  }
+  void check_each(cudaStream_t s, uint64_t base, unsigned long long *bad) {
+    for (size_t i = 0; i < p.size(); i++) k_check1<<<1, 128, 0, s>>>(p[i], n[i], base + i, bad);
+    CK(cudaGetLastError());
+  }
+  void check(cudaStream_t s, uint64_t base, unsigned long long *bad) {
+    for (size_t off = 0; off < p.size(); off += 65535) {
+      unsigned g = (unsigned)std::min<size_t>(65535, p.size() - off);
+      k_check_many<<<g, 128, 0, s>>>(dp + off, dn + off, base + off, bad);
+    }
+    CK(cudaGetLastError());
+  }
+  void release() {
+    if (dp != nullptr) CK(cudaFree(dp));
+    if (dn != nullptr) CK(cudaFree(dn));
+  }
+};
+
+// Sorted [lo, hi) ranges of freed blocks.
+struct Ranges {
+  std::vector<std::pair<uintptr_t, uintptr_t>> r;
+  void add(const void *p, size_t n) { r.push_back({(uintptr_t)p, (uintptr_t)p + n}); }
+  void seal() { std::sort(r.begin(), r.end()); }
+  bool overlaps(const void *p, size_t n) const {
+    uintptr_t lo = (uintptr_t)p, hi = lo + n;
+    auto it = std::lower_bound(r.begin(), r.end(), std::make_pair(hi, (uintptr_t)0));
+    if (it == r.begin()) return false;
+    --it;
+    return it->second > lo;
+  }
+};
+
+magpool_t *make_pool(size_t size, size_t stream_cache, size_t thread_cache) {
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.kind = MAGPOOL_MEM_DEVICE;
+  cfg.device = 0;
+  cfg.pool_size = size;
+  cfg.stream_cache_bytes = stream_cache;
+  cfg.thread_cache_bytes = thread_cache;
+  magpool_t *pool = nullptr;
+  int rc = magpool_create(&cfg, &pool);
+  REQUIRE(rc == 0, "magpool_create: %s", magpool_strerror(rc));
+  return pool;
+}
+
+magpool_stats_t stats(magpool_t *pool) {
+  magpool_stats_t st;
+  REQUIRE(magpool_get_stats(pool, &st) == 0, "stats");
+  return st;
+}
+
+void expect_empty(magpool_t *pool, size_t size, const char *what) {
+  EXPECT(magpool_trim(pool) == 0, "%s: trim", what);
+  magpool_stats_t st = stats(pool);
+  EXPECT(st.used_bytes == 0, "%s: used_bytes %zu", what, st.used_bytes);
+  EXPECT(st.pending_bytes == 0, "%s: pending_bytes %zu", what, st.pending_bytes);
+  EXPECT(st.cached_bytes == 0, "%s: cached_bytes %zu", what, st.cached_bytes);
+  EXPECT(magpool_check(pool) == 0, "%s: magpool_check", what);
+  void *all = magpool_alloc(pool, size);
+  EXPECT(all != nullptr, "%s: whole pool not one block after trim", what);
+  if (all != nullptr) EXPECT(magpool_free(pool, all) == 0, "%s: free", what);
+}
+
+// Allocates count blocks of n bytes on s (nullptr: magpool_alloc), checks
+// none overlaps `freed`, and appends them to b.  Returns how many overlap.
+size_t grab(magpool_t *pool, cudaStream_t s, bool sync, size_t count, size_t n,
+            const Ranges &freed, Batch &b) {
+  size_t hits = 0;
+  for (size_t i = 0; i < count; i++) {
+    void *q = sync ? magpool_alloc(pool, n) : magpool_alloc_async(pool, n, (magpool_stream_t)s);
+    REQUIRE(q != nullptr, "allocation failed: %s", magpool_strerror(magpool_last_error()));
+    if (freed.overlaps(q, n)) hits++;
+    b.p.push_back((uint32_t *)q);
+    b.n.push_back((uint32_t)(n / 4));
+  }
+  return hits;
+}
+
+// ------------------------------------------------------------------ 1 --
+
+void gated_stream() {
+  const size_t PS = 256u << 20, SC = 64u << 10;
+  const size_t N = 8192, SZ = 1024;
+  magpool_t *pool = make_pool(PS, SC, 4u << 20);
+  cudaStream_t A, B;
+  CK(cudaStreamCreateWithFlags(&A, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&B, cudaStreamNonBlocking));
+  unsigned long long *bad;
+  CK(cudaMalloc(&bad, sizeof *bad));
+  CK(cudaMemset(bad, 0, sizeof *bad));
+  Gate g;
+  g.init();
+
+  Batch a;
+  for (size_t i = 0; i < N; i++) {
+    void *p = magpool_alloc_async(pool, SZ, (magpool_stream_t)A);
+    REQUIRE(p != nullptr, "alloc on A");
+    a.p.push_back((uint32_t *)p);
+    a.n.push_back(SZ / 4);
+  }
+  TRACE("gated: %zu blocks allocated on A", N);
+  a.upload(A);
+  a.fill(A, 1000000);
+  g.block(A);
+  a.check(A, 1000000, bad);
+  TRACE("gated: A filled, gate and check queued");
+  Ranges freed;
+  for (size_t i = 0; i < N; i++) {
+    EXPECT(magpool_free_async(pool, a.p[i], (magpool_stream_t)A) == 0, "free_async");
+    freed.add(a.p[i], SZ);
+  }
+  freed.seal();
+  TRACE("gated: freed on A");
+  magpool_stats_t st = stats(pool);
+  EXPECT(st.pending_bytes + 2 * SC >= N * SZ && st.pending_bytes <= N * SZ,
+         "pending_bytes %zu after freeing %zu bytes on blocked A (stream cache %zu)",
+         st.pending_bytes, N * SZ, SC);
+
+  Batch b;
+  size_t hits = 0;
+  hits += grab(pool, B, false, 4000, SZ, freed, b);
+  hits += grab(pool, B, true, 4000, SZ, freed, b);
+  hits += grab(pool, B, false, 500, 4096, freed, b);
+  TRACE("gated: first allocations elsewhere");
+  EXPECT(magpool_trim(pool) == 0, "trim");
+  st = stats(pool);
+  EXPECT(st.pending_bytes == N * SZ,
+         "pending_bytes %zu after trim with A blocked, expected %zu", st.pending_bytes,
+         N * SZ);
+  hits += grab(pool, B, false, 4000, SZ, freed, b);
+  hits += grab(pool, B, true, 4000, SZ, freed, b);
+  EXPECT(hits == 0, "%zu allocations elsewhere got blocks freed on A before A passed the frees",
+         hits);
+  TRACE("gated: trim and second allocations");
+  b.fill_each(B, 2000000);  // would break A's patterns if any block were shared
+  CK(cudaStreamSynchronize(B));
+
+  TRACE("gated: B filled, opening the gate");
+  g.open();
+  CK(cudaStreamSynchronize(A));
+  TRACE("gated: A done");
+  unsigned long long nbad = 1;
+  CK(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
+  EXPECT(nbad == 0, "%llu blocks freed on A were overwritten before A reached the frees", nbad);
+  g.done("gated_stream");
+  CK(cudaMemset(bad, 0, sizeof *bad));
+  b.check_each(B, 2000000, bad);
+  CK(cudaStreamSynchronize(B));
+  CK(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
+  EXPECT(nbad == 0, "%llu of B's live blocks lost their pattern", nbad);
+  for (size_t i = 0; i < b.p.size(); i++)
+    EXPECT(magpool_free_async(pool, b.p[i], (magpool_stream_t)B) == 0, "free on B");
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)A) == 0, "release A");
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)B) == 0, "release B");
+  CK(cudaDeviceSynchronize());
+  expect_empty(pool, PS, "gated_stream");
+  a.release();
+  b.release();
+  CK(cudaFree(bad));
+  CK(cudaStreamDestroy(A));
+  CK(cudaStreamDestroy(B));
+  EXPECT(magpool_destroy(pool) == 0, "destroy");
+  std::printf("gpu_gated: gated_stream: %zu blocks freed on a blocked stream, %zu allocations "
+              "elsewhere, %zu overlaps, %llu corruptions\n",
+              N, b.p.size(), hits, nbad);
+}
+
+// ------------------------------------------------------------------ 2 --
+
+struct PtdsShared {
+  magpool_t *pool;
+  Gate gate;
+  Batch t;  // T's blocks
+  unsigned long long *bad;
+  std::atomic<int> freed{0}, finish{0};
+};
+
+void *ptds_thread(void *arg) {
+  PtdsShared *sh = (PtdsShared *)arg;
+  CK(cudaSetDevice(0));
+  cudaStream_t s = cudaStreamPerThread;
+  const size_t M = 256, SZ = 1024;
+  for (size_t i = 0; i < M; i++) {
+    void *p = magpool_alloc_async(sh->pool, SZ, (magpool_stream_t)s);
+    REQUIRE(p != nullptr, "alloc on T's per-thread stream");
+    sh->t.p.push_back((uint32_t *)p);
+    sh->t.n.push_back(SZ / 4);
+  }
+  sh->t.upload(s);
+  sh->t.fill(s, 3000000);
+  sh->gate.block(s);
+  sh->t.check(s, 3000000, sh->bad);
+  TRACE("T: %zu blocks allocated on its per-thread stream, gate queued", M);
+  for (size_t i = 0; i < M; i++) {
+    int rc = magpool_free_async(sh->pool, sh->t.p[i], (magpool_stream_t)s);
+    if (rc != 0) {
+      EXPECT(rc == 0, "free_async %zu of %zu (%p) on T's per-thread stream: %s (CUDA error %d)",
+             i, M, (void *)sh->t.p[i], magpool_strerror(rc), magpool_last_cuda_error());
+      break;
+    }
+  }
+  TRACE("T: freed");
+  sh->freed.store(1);
+  while (sh->finish.load() == 0) usleep(1000);
+  CK(cudaStreamSynchronize(s));
+  EXPECT(magpool_stream_release(sh->pool, (magpool_stream_t)s) == 0, "release T's stream");
+  CK(cudaStreamSynchronize(s));
+  return nullptr;
+}
+
+void per_thread_stream_trim() {
+  const size_t PS = 64u << 20, SZ = 1024, M = 256;
+  // No thread caches: a block that reaches the tree too early is the first
+  // one a later 1 KiB allocation gets.
+  PtdsShared sh;
+  sh.pool = make_pool(PS, 8u << 20, 0);
+  CK(cudaMalloc(&sh.bad, sizeof *sh.bad));
+  CK(cudaMemset(sh.bad, 0, sizeof *sh.bad));
+  sh.gate.init();
+  pthread_t th;
+  REQUIRE(pthread_create(&th, nullptr, ptds_thread, &sh) == 0, "pthread_create");
+  while (sh.freed.load() == 0) usleep(1000);
+  TRACE("ptds: T freed its blocks");
+
+  Ranges freed;
+  for (size_t i = 0; i < M; i++) freed.add(sh.t.p[i], SZ);
+  freed.seal();
+  magpool_stats_t st0 = stats(sh.pool);
+
+  // Another thread trims: T's per-thread stream cache is retired.
+  EXPECT(magpool_trim(sh.pool) == 0, "trim");
+  // If the retire callback went onto THIS thread's per-thread stream, it
+  // has run once this returns; if it went behind T's stream, it has not.
+  TRACE("ptds: trimmed");
+  CK(cudaStreamSynchronize(cudaStreamPerThread));
+  EXPECT(magpool_trim(sh.pool) == 0, "trim");
+  TRACE("ptds: synchronised own per-thread stream, trimmed");
+  magpool_stats_t st = stats(sh.pool);
+  EXPECT(st.pending_bytes >= M * SZ,
+         "T's %zu freed bytes are no longer pending (pending_bytes %zu, before trim %zu, cached "
+         "before %zu) although T's per-thread stream is blocked before the frees: the trim "
+         "retired them behind the wrong stream",
+         M * SZ, st.pending_bytes, st0.pending_bytes, st0.cached_bytes);
+
+  cudaStream_t B;
+  CK(cudaStreamCreateWithFlags(&B, cudaStreamNonBlocking));
+  Batch b;
+  size_t hits = grab(sh.pool, B, false, 2 * M, SZ, freed, b);
+  hits += grab(sh.pool, B, true, 2 * M, SZ, freed, b);
+  EXPECT(hits == 0,
+         "%zu allocations got blocks freed on T's per-thread stream before it passed the "
+         "frees",
+         hits);
+  b.fill_each(B, 4000000);
+  CK(cudaStreamSynchronize(B));
+
+  TRACE("ptds: allocations elsewhere done, opening the gate");
+  sh.gate.open();
+  sh.finish.store(1);
+  REQUIRE(pthread_join(th, nullptr) == 0, "pthread_join");
+  CK(cudaDeviceSynchronize());
+  unsigned long long nbad = 1;
+  CK(cudaMemcpy(&nbad, sh.bad, sizeof nbad, cudaMemcpyDeviceToHost));
+  EXPECT(nbad == 0,
+         "%llu of T's blocks were overwritten before T's per-thread stream reached the frees",
+         nbad);
+  sh.gate.done("per_thread_stream_trim");
+  for (size_t i = 0; i < b.p.size(); i++)
+    EXPECT(magpool_free_async(sh.pool, b.p[i], (magpool_stream_t)B) == 0, "free on B");
+  EXPECT(magpool_stream_release(sh.pool, (magpool_stream_t)B) == 0, "release B");
+  CK(cudaDeviceSynchronize());
+  expect_empty(sh.pool, PS, "per_thread_stream_trim");
+  sh.t.release();
+  b.release();
+  CK(cudaFree(sh.bad));
+  CK(cudaStreamDestroy(B));
+  EXPECT(magpool_destroy(sh.pool) == 0, "destroy");
+  std::printf("gpu_gated: per_thread_stream_trim: pending after trim %zu of %zu, %zu overlaps, "
+              "%llu corruptions\n",
+              st.pending_bytes, M * SZ, hits, nbad);
+}
+
+}  // namespace
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  int ndev = 0;
+  cudaError_t e = cudaGetDeviceCount(&ndev);
+  if (e != cudaSuccess || ndev == 0) {
+    std::printf("gpu_gated: SKIP (no CUDA device: %s)\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 77;
+  }
+  CK(cudaSetDevice(0));
+  gated_stream();
+  per_thread_stream_trim();
+  std::printf("gpu_gated: %s (%d failures)\n", g_fail ? "FAIL" : "PASS", g_fail);
+  return g_fail ? 1 : 0;
+}
