@@ -281,7 +281,11 @@ mp_mag *mp_stack_pop(mp_stack *s);
  * wrapping: a block freed by another thread makes one thread's value
  * "negative"; the sum over threads is exact. */
 typedef struct mp_tstats {
-  _Atomic uint64_t used;      /* bytes, live blocks                    */
+  _Atomic uint64_t held;      /* bytes taken from the trees, net: live
+                                 bytes are derived on read as
+                                 sum(held) - caches - depots - stream
+                                 caches - pending, so a cache hit (live
+                                 <-> cached) moves only `cached`       */
   _Atomic uint64_t requested; /* bytes, live requests                  */
   _Atomic uint64_t cached;    /* bytes, this thread's magazines        */
   _Atomic uint64_t allocs;
@@ -524,7 +528,6 @@ MP_INLINE void *mp_hand_out(magpool_t *pool, mp_tcache *tc, void *p, unsigned or
   /* Relaxed: the header is only read by a later free of p, which the
    * program orders after this allocation (it must hold p to free it). */
   mp_store_relaxed(h, mp_hdr_make(order, slack) | flags);
-  mp_owner_add(&tc->st.used, bs);
   mp_owner_add(&tc->st.requested, size);
   mp_owner_add(&tc->st.allocs, 1);
   if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_alloc(pool, p, size);

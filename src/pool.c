@@ -270,6 +270,7 @@ void mp_peak_note(magpool_t *pool, mp_tcache *tc) {
 }
 
 static inline void tree_delta_add(magpool_t *pool, mp_tcache *tc, int64_t d) {
+  mp_owner_add(&tc->st.held, (uint64_t)d);
   tc->tree_delta += d;
   if (tc->tree_delta >= MP_PEAK_BATCH || tc->tree_delta <= -MP_PEAK_BATCH)
     mp_peak_note(pool, tc);
@@ -386,7 +387,6 @@ MP_INLINE void *alloc_impl(magpool_t *pool, size_t size, uint32_t flags) {
                          (uint32_t)(order + 1) | (uint32_t)((bs - size) << MP_HDR_SLACK_SHIFT) |
                              flags);
         mp_owner_add(&tc->st.cached, -(uint64_t)bs);
-        mp_owner_add(&tc->st.used, bs);
         mp_owner_add(&tc->st.requested, size);
         mp_owner_add(&tc->st.allocs, 1);
         return p;
@@ -427,7 +427,6 @@ static MP_NOINLINE int free_full(magpool_t *pool, void *p, size_t size, bool siz
     return 0;
   }
   if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, p);
-  mp_owner_add(&tc->st.used, -(uint64_t)bs);
   mp_owner_add(&tc->st.requested, -(uint64_t)req);
   mp_owner_add(&tc->st.frees, 1);
   mp_mag *m;
@@ -467,8 +466,7 @@ MP_INLINE int free_impl(magpool_t *pool, void *p, size_t size, bool sized, bool 
           mp_store_relaxed(h, 0); /* claim (see free_full) */
           m->slot[m->count++] = p;
           mp_owner_add(&tc->st.cached, bs);
-          mp_owner_add(&tc->st.used, -(uint64_t)bs);
-          mp_owner_add(&tc->st.requested, -(uint64_t)req);
+                  mp_owner_add(&tc->st.requested, -(uint64_t)req);
           mp_owner_add(&tc->st.frees, 1);
           return 0;
         }
@@ -521,13 +519,13 @@ int magpool_trim(magpool_t *pool) {
 /* ----------------------------------------------------------------- stats */
 
 typedef struct sums {
-  uint64_t used, requested, cached, allocs, frees;
+  uint64_t held, requested, cached, allocs, frees;
 } sums;
 
 static sums sum_threads(magpool_t *pool) {
   sums s = {0, 0, 0, 0, 0};
   for (mp_tcache *t = mp_load_acquire(&pool->tcaches); t != NULL; t = t->pool_next) {
-    s.used += mp_load_relaxed(&t->st.used);
+    s.held += mp_load_relaxed(&t->st.held);
     s.requested += mp_load_relaxed(&t->st.requested);
     s.cached += mp_load_relaxed(&t->st.cached);
     s.allocs += mp_load_relaxed(&t->st.allocs);
@@ -563,11 +561,16 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   size_t scached = 0, spending = 0;
   mp_streams_stats(pool, &scached, &spending);
   int64_t depot = depot_sum(pool);
-  out->used_bytes = (size_t)s.used;
   out->requested_bytes = (size_t)s.requested;
   out->reserved_bytes = mp_load_relaxed(&pool->reserved);
   out->cached_bytes = (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
   out->pending_bytes = spending;
+  /* Live bytes: everything out of the trees that is not cached or
+   * pending.  Exact on a quiescent pool; while threads run, each term is
+   * read at a slightly different instant, so clamp. */
+  int64_t used = (int64_t)(s.held - s.cached) - (depot > 0 ? depot : 0) - (int64_t)scached -
+                 (int64_t)spending;
+  out->used_bytes = used > 0 ? (size_t)used : 0;
   uint64_t fb;
   tree_sums(pool, &fb, &out->largest_free_block);
   out->free_bytes = (size_t)fb;

@@ -459,7 +459,6 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sentry
   size_t bs = mp_block_bytes(pool, order);
   mp_store_relaxed(h, 0); /* claim: from here on the block is ours */
   if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, p);
-  mp_owner_add(&tc->st.used, -(uint64_t)bs);
   mp_owner_add(&tc->st.requested, -(uint64_t)req);
   mp_owner_add(&tc->st.frees, 1);
 
@@ -533,7 +532,6 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
       mp_store_relaxed(&e->cached, e->bytes);
       entry_unlock(e);
       if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, ptr);
-      mp_owner_add(&tc->st.used, -(uint64_t)bs);
       mp_owner_add(&tc->st.requested, -(uint64_t)req);
       mp_owner_add(&tc->st.frees, 1);
       return 0;
@@ -573,7 +571,6 @@ void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
           entry_unlock(e);
           mp_store_relaxed(&tc->r0_hdr[off >> tc->shift],
                            (uint32_t)(order + 1) | (uint32_t)((bs - size) << MP_HDR_SLACK_SHIFT));
-          mp_owner_add(&tc->st.used, bs);
           mp_owner_add(&tc->st.requested, size);
           mp_owner_add(&tc->st.allocs, 1);
           return p;
@@ -605,7 +602,6 @@ int magpool_free_async(magpool_t *pool, void *ptr, magpool_stream_t s) {
           e->bytes += (int64_t)bs;
           mp_store_relaxed(&e->cached, e->bytes);
           entry_unlock(e);
-          mp_owner_add(&tc->st.used, -(uint64_t)bs);
           mp_owner_add(&tc->st.requested, -(uint64_t)(bs - (w >> MP_HDR_SLACK_SHIFT)));
           mp_owner_add(&tc->st.frees, 1);
           return 0;
