@@ -122,9 +122,11 @@ typedef struct magpool_config {
                                 per-thread caches                          */
   size_t cache_max_block;    /* blocks larger than this bypass the caches;
                                 default 1 MiB                              */
-  size_t stream_cache_bytes; /* most bytes freed on one stream that are
-                                kept for reuse on that stream before a batch
-                                is retired to the pool; default 8 MiB      */
+  size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks
+                                it freed on one stream, for reuse on that
+                                stream, before a batch is retired to the
+                                pool behind the stream; default 8 MiB; 0
+                                retires every async free at once         */
 } magpool_config_t;
 
 /* Statistics of one pool, summed over all threads.  Counters are kept per
@@ -255,9 +257,10 @@ MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
 /* Allocates size bytes for use on stream s, with the semantics of
  * cudaMallocAsync: the block may be handed out while earlier work on s is
  * still running, so it is only safe to use from work queued on s after this
- * call (or after synchronising s).  Blocks freed on s are reused by
- * allocations on s at once; blocks freed on another stream only once that
- * stream has passed the free.  s may be NULL: the legacy default stream on
+ * call (or after synchronising s).  Blocks a thread freed on s are reused
+ * by that thread's allocations on s at once; any other allocation (another
+ * stream, another thread, the synchronous API) gets them only once s has
+ * passed the free.  s may be NULL: the legacy default stream on
  * DEVICE and PINNED pools; "no stream" (same as magpool_alloc) on HOST
  * pools.  Errors as magpool_alloc, plus MAGPOOL_ECAPTURE if s is being
  * captured, MAGPOOL_ECUDA if a CUDA call failed, and MAGPOOL_EINVAL for a

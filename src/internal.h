@@ -328,11 +328,12 @@ typedef struct mp_tcache {
                             pool->tree_out                             */
   mp_tclass cls[MP_MAX_CLASSES];
   mp_tstats st;
-  /* One-entry stream memo (stream.c): (handle, epoch) -> stream entry. */
+  /* One-entry stream memo (stream.c): (handle, epoch) -> this thread's
+   * slot in the stream's entry; and every slot this record owns. */
   magpool_stream_t s_handle;
-  struct mp_sentry *s_entry;
-  uint64_t s_sid;
+  struct mp_sslot *s_slot;
   uint64_t s_epoch;
+  struct mp_sslot *s_slots;
   _Atomic int state;
   struct mp_tcache *pool_next;   /* pool list; set before publication  */
   struct mp_tcache *thread_next; /* owner thread's list                */
@@ -374,6 +375,8 @@ struct magpool {
   _Atomic int tracking;
 
   void *streams;               /* stream.c state                        */
+  _Atomic uint64_t stream_epoch; /* bumped by every stream release: the
+                                  thread memos' validity (stream.c)     */
 };
 
 /* Region of p (NULL if none).  Regions are only ever appended. */
@@ -513,6 +516,8 @@ size_t mp_streams_wait_pending(magpool_t *pool, mp_tcache *tc);
 /* magpool_trim's share: retire stream caches and drain ready batches. */
 void mp_streams_trim(magpool_t *pool, mp_tcache *tc);
 void mp_streams_stats(magpool_t *pool, size_t *cached, size_t *pending);
+/* The record's thread is exiting: retire its stream slots. */
+void mp_streams_thread_exit(magpool_t *pool, mp_tcache *tc);
 
 /* pool.c helpers shared with stream.c and scope.c */
 

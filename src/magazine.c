@@ -381,6 +381,7 @@ static void thread_exit(void *arg) {
     if (atomic_compare_exchange_strong_explicit(&tc->state, &s, MP_TC_EXITING,
                                                 memory_order_acq_rel,
                                                 memory_order_acquire)) {
+      mp_streams_thread_exit(tc->pool, tc);
       mp_tcache_flush(tc->pool, tc);
       tcache_drop_mags(tc->pool, tc);
       tc->thread_next = NULL;
@@ -444,6 +445,10 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
                                                       memory_order_relaxed));
     }
     tc->epoch = mp_load_relaxed(&pool->trim_epoch);
+    /* A reused record starts with no stream memo: cudaStreamPerThread, for
+     * one, names another stream on this thread. */
+    tc->s_slot = NULL;
+    tc->s_handle = NULL;
     tc->thread_next = tls_list;
     tls_list = tc;
     pthread_once(&tls_once, tls_key_init);

@@ -1,15 +1,18 @@
-/* stream.c - stream-ordered allocation: per-stream caches, retire batches
- * and the ready list.
+/* stream.c - stream-ordered allocation: per-thread stream caches, retire
+ * batches and the ready list.
  *
  * Layers (see docs/design.md, "Streams"):
  *
- *   mp_sentry   one per (pool, stream id): a cache of blocks freed on that
- *               stream, reusable at once by allocations on the same stream
- *               (from any thread).  Guarded by a try-lock (`busy`): a
- *               thread that finds it busy never waits, it takes the
- *               uncached path instead.
- *   mp_batch    blocks retired from a stream cache: one stream callback per
- *               batch ("run when the stream has passed this point").
+ *   mp_sentry   one per (pool, stream id): the stream's handle, its pending
+ *               batch count, and the list of its slots.
+ *   mp_sslot    one per (thread record, stream entry): the blocks this
+ *               thread freed on the stream, reusable at once by this
+ *               thread's allocations on the same stream.  Only its owner
+ *               touches it on the fast path, with plain loads and stores;
+ *               a thief (release, trim, the out-of-memory ladder) takes it
+ *               over with the revoke handshake below.
+ *   mp_batch    blocks retired from a slot: one stream callback per batch
+ *               ("run when the stream has passed this point").
  *   ready list  batches whose callback ran; a lock-free LIFO that the
  *               callback pushes onto (O(1), no CUDA call) and drainers
  *               take whole (atomic exchange, so no ABA), sorting and
@@ -18,40 +21,68 @@
  * Stream identity is the stream's unique id (cudaStreamGetId, or the host
  * stream's id), never its handle: handles are reused after a stream is
  * destroyed, and cudaStreamPerThread names a different stream on every
- * thread.  A thread-local one-entry memo maps (handle, epoch) to the entry;
+ * thread.  A thread-local one-entry memo maps (handle, epoch) to the slot;
  * magpool_stream_release bumps the epoch, so no memo outlives a release.
  *
+ * The revoke handshake (an asymmetric Dekker, as liburcu's membarrier
+ * flavour uses): the owner stores active = 1, then loads revoke, and
+ * touches the cache only if revoke is 0, storing active = 0 (release)
+ * after.  A thief stores revoke = 1, runs membarrier(PRIVATE_EXPEDITED) -
+ * which makes every running thread of the process execute a full barrier -
+ * then waits for active == 0 (acquire), takes the cache, and stores
+ * revoke = 0 (release).  Either the owner's store of active reached the
+ * thief (it waits), or the owner's load of revoke came after the barrier
+ * and sees 1 (it backs off): they never both touch the cache.  The owner
+ * pays two plain stores and a plain load; the thief pays one system call.
+ * Where membarrier is unavailable, the owner issues a full fence instead.
+ *
  * Concurrency contract:
- *   sentry cache (mag, full, bytes) ... holder of `busy` only
- *   sentry sid ........................ CAS (claim an empty or recycled
- *                                       slot); set to 0 by release under busy
- *   pending counters .................. atomic add/sub (retire, callback)
- *   ready list ........................ push: CAS (callbacks, any thread);
- *                                       take: exchange (drainers)
+ *   slot cache (mag, full) ........ owner inside enter/exit, or a thief
+ *                                   holding the entry lock after revoke
+ *   slot bytes .................... written as the cache; read by stats
+ *   entry slot list ............... push under the entry lock; walked by
+ *                                   thieves under it; never shrinks
+ *   entry sid ..................... set under the create mutex; cleared by
+ *                                   release under the entry lock
+ *   pending counters .............. atomic add/sub (retire, callback)
+ *   ready list .................... push: CAS (callbacks, any thread);
+ *                                   take: exchange (drainers)
  * Accounting invariant (quiescent, in bytes):
- *   tree free + live + thread caches + depots + stream caches + pending +
+ *   tree free + live + thread caches + depots + stream slots + pending +
  *   ready == reserved
  */
 #include "internal.h"
 
+#include <linux/membarrier.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MP_STREAM_TABLE 1024u /* live streams per pool with a cache */
 
+typedef struct mp_sslot {
+  struct mp_tcache *owner;      /* immutable                             */
+  struct mp_sentry *e;          /* immutable                             */
+  struct mp_sslot *next;        /* entry's list (immutable once pushed)  */
+  struct mp_sslot *tnext;       /* owner record's list (owner only)      */
+  _Atomic int active;           /* owner inside its critical section     */
+  _Atomic int revoke;           /* a thief wants, or has, the cache      */
+  _Atomic int64_t bytes;        /* bytes cached (owner-add style)        */
+  mp_mag *mag[MP_MAX_CLASSES];  /* loaded magazine per class             */
+  mp_mag *full[MP_MAX_CLASSES]; /* chain of full magazines (via next)    */
+} mp_sslot;
+
 typedef struct mp_sentry {
   _Atomic uint64_t sid;       /* 0: empty or released                  */
-  magpool_stream_t handle;    /* valid while sid != 0 (written under busy
-                                 before publication of the sid)        */
-  _Atomic int busy;           /* try-lock over the cache below         */
+  magpool_stream_t handle;    /* valid while sid != 0 (written before the
+                                 sid is published)                      */
+  _Atomic int busy;           /* entry lock: thieves, slot creation    */
   _Atomic int64_t pending;    /* batches retired, callback not yet run */
-  _Atomic int64_t cached;     /* mirror of bytes, for stats            */
-  int64_t bytes;              /* blocks cached here (under busy)       */
-  mp_mag *mag[MP_MAX_CLASSES];  /* loaded magazine per class          */
-  mp_mag *full[MP_MAX_CLASSES]; /* chain of full magazines (via next)  */
+  _Atomic(mp_sslot *) slots;  /* one per thread record that used it    */
 } mp_sentry;
 
 typedef struct mp_batch {
@@ -64,7 +95,6 @@ typedef struct mp_batch {
 
 typedef struct mp_streams {
   const mp_stream_ops *ops;
-  _Atomic uint64_t epoch;     /* bumped by every release               */
   _Atomic int64_t pending_bytes;
   _Atomic int64_t pending_batches;
   _Atomic int64_t ready_bytes;
@@ -72,6 +102,75 @@ typedef struct mp_streams {
   pthread_mutex_t create_lock; /* creating/recycling entries only      */
   _Atomic(mp_sentry *) tab[MP_STREAM_TABLE];
 } mp_streams;
+
+/* ------------------------------------------------- asymmetric barrier -- */
+
+/* ThreadSanitizer models neither membarrier nor standalone fences: TSan
+ * builds run the handshake with seq_cst operations on the two flags, which
+ * is the same Dekker argument in a form it understands. */
+#if defined(__SANITIZE_THREAD__)
+#define MP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MP_TSAN 1
+#endif
+#endif
+#ifndef MP_TSAN
+#define MP_TSAN 0
+#endif
+
+static bool asym_ok; /* set once, before any pool exists */
+static pthread_once_t asym_once = PTHREAD_ONCE_INIT;
+
+static void asym_init(void) {
+#if defined(__NR_membarrier)
+  long q = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (q > 0 && (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+      syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+    asym_ok = true;
+#endif
+}
+
+/* The thief's side: a full barrier on every running thread. */
+static void asym_heavy(void) {
+  if (MP_TSAN) return; /* seq_cst flags instead, see MP_TSAN */
+#if defined(__NR_membarrier)
+  if (asym_ok && syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) return;
+#endif
+#if !MP_TSAN
+  atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
+
+/* Owner: enter the slot's critical section, or back off (false). */
+MP_INLINE bool slot_enter(mp_sslot *sl) {
+#if MP_TSAN
+  atomic_store_explicit(&sl->active, 1, memory_order_seq_cst);
+  if (atomic_load_explicit(&sl->revoke, memory_order_seq_cst) == 0) return true;
+  mp_store_release(&sl->active, 0);
+  return false;
+#endif
+  mp_store_relaxed(&sl->active, 1);
+  /* With membarrier the thief supplies the full barrier; the compiler
+   * must still keep the store before the load.  Without it, the owner
+   * needs the StoreLoad fence itself. */
+#if !MP_TSAN
+  if (MP_LIKELY(asym_ok)) atomic_signal_fence(memory_order_seq_cst);
+  else atomic_thread_fence(memory_order_seq_cst);
+#endif
+  /* ACQUIRE: pairs with the thief's RELEASE of revoke = 0 in slot_give_
+   * back; what it did to the cache is visible to us. */
+  if (MP_LIKELY(mp_load_acquire(&sl->revoke) == 0)) return true;
+  mp_store_release(&sl->active, 0);
+  return false;
+}
+
+/* RELEASE: our cache writes happen before a thief that sees active == 0. */
+MP_INLINE void slot_exit(mp_sslot *sl) { mp_store_release(&sl->active, 0); }
+
+MP_INLINE void slot_bytes_add(mp_sslot *sl, int64_t d) {
+  mp_store_relaxed(&sl->bytes, mp_load_relaxed(&sl->bytes) + d);
+}
 
 /* ----------------------------------------------------------- host ops -- */
 
@@ -133,10 +232,11 @@ static const mp_stream_ops host_stream_ops = {
 static inline mp_streams *S(magpool_t *pool) { return pool->streams; }
 
 int mp_streams_init(magpool_t *pool) {
+  pthread_once(&asym_once, asym_init);
   mp_streams *ss = calloc(1, sizeof *ss);
   if (ss == NULL) return MAGPOOL_ENOMEM;
   ss->ops = pool->cfg.kind == MAGPOOL_MEM_HOST ? &host_stream_ops : &mp_cuda_stream_ops;
-  atomic_init(&ss->epoch, 1);
+  atomic_init(&pool->stream_epoch, 1);
   pthread_mutex_init(&ss->create_lock, NULL);
   pool->streams = ss;
   return 0;
@@ -147,7 +247,9 @@ void mp_streams_stats(magpool_t *pool, size_t *cached, size_t *pending) {
   int64_t c = mp_load_relaxed(&ss->ready_bytes);
   for (unsigned i = 0; i < MP_STREAM_TABLE; i++) {
     mp_sentry *e = mp_load_acquire(&ss->tab[i]);
-    if (e != NULL) c += mp_load_relaxed(&e->cached);
+    if (e == NULL) continue;
+    for (mp_sslot *sl = mp_load_acquire(&e->slots); sl != NULL; sl = sl->next)
+      c += mp_load_relaxed(&sl->bytes);
   }
   int64_t p = mp_load_relaxed(&ss->pending_bytes);
   *cached = c > 0 ? (size_t)c : 0;
@@ -263,19 +365,21 @@ static int retire(magpool_t *pool, mp_sentry *e, magpool_stream_t h, mp_mag *mag
   return 0;
 }
 
-/* Detaches every magazine of e into one chain (caller holds busy). */
-static mp_mag *entry_take_all(magpool_t *pool, mp_sentry *e) {
+/* ---------------------------------------------------------------- slots -- */
+
+/* Detaches every magazine of sl into one chain (owner inside, or thief). */
+static mp_mag *slot_take_all(magpool_t *pool, mp_sslot *sl) {
   mp_mag *chain = NULL;
   for (unsigned k = 0; k < MP_MAX_CLASSES; k++) {
-    for (mp_mag *m = e->full[k]; m != NULL;) {
+    for (mp_mag *m = sl->full[k]; m != NULL;) {
       mp_mag *mn = mp_load_relaxed(&m->next);
       mp_store_relaxed(&m->next, chain);
       chain = m;
       m = mn;
     }
-    e->full[k] = NULL;
-    mp_mag *m = e->mag[k];
-    e->mag[k] = NULL;
+    sl->full[k] = NULL;
+    mp_mag *m = sl->mag[k];
+    sl->mag[k] = NULL;
     if (m != NULL && m->count != 0) {
       mp_store_relaxed(&m->next, chain);
       chain = m;
@@ -283,26 +387,74 @@ static mp_mag *entry_take_all(magpool_t *pool, mp_sentry *e) {
       mp_mag_free(pool, m);
     }
   }
-  e->bytes = 0;
-  mp_store_relaxed(&e->cached, 0);
+  mp_store_relaxed(&sl->bytes, 0);
   return chain;
 }
 
-/* Detaches only the full magazines (caller holds busy). */
-static mp_mag *entry_take_full(mp_sentry *e, int64_t bs_of[]) {
+/* Detaches only the full magazines. */
+static mp_mag *slot_take_full(magpool_t *pool, mp_sslot *sl) {
   mp_mag *chain = NULL;
+  int64_t gone = 0;
   for (unsigned k = 0; k < MP_MAX_CLASSES; k++) {
-    for (mp_mag *m = e->full[k]; m != NULL;) {
+    for (mp_mag *m = sl->full[k]; m != NULL;) {
       mp_mag *mn = mp_load_relaxed(&m->next);
-      e->bytes -= (int64_t)m->count * bs_of[k];
+      gone += (int64_t)m->count * (int64_t)mp_block_bytes(pool, k);
       mp_store_relaxed(&m->next, chain);
       chain = m;
       m = mn;
     }
-    e->full[k] = NULL;
+    sl->full[k] = NULL;
   }
-  mp_store_relaxed(&e->cached, e->bytes);
+  slot_bytes_add(sl, -gone);
   return chain;
+}
+
+/* Thief: takes every non-empty slot of e (caller holds the entry lock)
+ * and returns their magazines as one chain. */
+static mp_mag *entry_steal(magpool_t *pool, mp_sentry *e) {
+  mp_sslot *head = mp_load_acquire(&e->slots);
+  bool any = false;
+  for (mp_sslot *sl = head; sl != NULL; sl = sl->next) {
+    if (mp_load_relaxed(&sl->bytes) == 0) continue;
+    atomic_store_explicit(&sl->revoke, 1, memory_order_seq_cst);
+    any = true;
+  }
+  if (!any) return NULL;
+  asym_heavy();
+  mp_mag *chain = NULL;
+  for (mp_sslot *sl = head; sl != NULL; sl = sl->next) {
+    if (mp_load_relaxed(&sl->revoke) == 0) continue;
+    /* ACQUIRE: pairs with slot_exit's RELEASE. */
+    while (atomic_load_explicit(&sl->active, memory_order_seq_cst) != 0) sched_yield();
+    mp_mag *c = slot_take_all(pool, sl);
+    while (c != NULL) {
+      mp_mag *n = mp_load_relaxed(&c->next);
+      mp_store_relaxed(&c->next, chain);
+      chain = c;
+      c = n;
+    }
+    /* RELEASE: the emptied cache is visible to the owner's next enter. */
+    mp_store_release(&sl->revoke, 0);
+  }
+  return chain;
+}
+
+/* The calling thread's slot in e, made on first use. */
+static mp_sslot *slot_of(mp_sentry *e, mp_tcache *tc) {
+  for (mp_sslot *sl = mp_load_acquire(&e->slots); sl != NULL; sl = sl->next)
+    if (sl->owner == tc) return sl;
+  mp_sslot *sl = calloc(1, sizeof *sl);
+  if (sl == NULL) return NULL;
+  sl->owner = tc;
+  sl->e = e;
+  entry_lock(e);
+  sl->next = mp_load_relaxed(&e->slots);
+  /* RELEASE: the slot is initialised before walkers reach it. */
+  mp_store_release(&e->slots, sl);
+  entry_unlock(e);
+  sl->tnext = tc->s_slots;
+  tc->s_slots = sl;
+  return sl;
 }
 
 /* ------------------------------------------------------------- lookups -- */
@@ -370,11 +522,12 @@ static mp_sentry *entry_find(mp_streams *ss, uint64_t sid, magpool_stream_t h, b
   return e;
 }
 
-/* The memo's slow path: resolves s to its entry for this thread.  Errors:
+/* The memo's slow path: resolves s to this thread's slot.  Errors:
  * MAGPOOL_EINVAL (not a stream of this pool's kind), MAGPOOL_ECAPTURE,
- * MAGPOOL_ECUDA.  *out may be NULL with 0 returned (table full). */
+ * MAGPOOL_ECUDA.  *out may be NULL with 0 returned (table full, or no host
+ * memory for a slot: the stream then runs uncached). */
 static MP_NOINLINE int memo_slow(magpool_t *pool, mp_tcache *tc, magpool_stream_t s,
-                                 mp_sentry **out) {
+                                 mp_sslot **out) {
   mp_streams *ss = S(pool);
   int cap = ss->ops->capturing(pool->src_ctx, s);
   if (cap < 0) return cap;
@@ -382,22 +535,22 @@ static MP_NOINLINE int memo_slow(magpool_t *pool, mp_tcache *tc, magpool_stream_
   uint64_t sid;
   int rc = ss->ops->get_id(pool->src_ctx, s, &sid);
   if (rc != 0) return rc;
-  uint64_t ep = mp_load_acquire(&ss->epoch);
+  uint64_t ep = mp_load_acquire(&pool->stream_epoch);
   mp_sentry *e = entry_find(ss, sid + 1, s, true); /* +1: 0 means empty */
-  if (e != NULL) {
+  mp_sslot *sl = e != NULL ? slot_of(e, tc) : NULL;
+  if (sl != NULL) {
     tc->s_handle = s;
-    tc->s_entry = e;
-    tc->s_sid = sid + 1;
+    tc->s_slot = sl;
     tc->s_epoch = ep;
   }
-  *out = e;
+  *out = sl;
   return 0;
 }
 
-MP_INLINE int memo_get(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_sentry **out) {
-  if (MP_LIKELY(tc->s_entry != NULL && tc->s_handle == s &&
-                tc->s_epoch == mp_load_relaxed(&S(pool)->epoch))) {
-    *out = tc->s_entry;
+MP_INLINE int memo_get(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_sslot **out) {
+  if (MP_LIKELY(tc->s_slot != NULL && tc->s_handle == s &&
+                tc->s_epoch == mp_load_relaxed(&pool->stream_epoch))) {
+    *out = tc->s_slot;
     return 0;
   }
   return memo_slow(pool, tc, s, out);
@@ -414,41 +567,34 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   if (no_stream(pool, s)) return magpool_alloc(pool, size);
   mp_tcache *tc = mp_tcache_get(pool);
   if (MP_UNLIKELY(tc == NULL)) return mp_fail(MAGPOOL_ENOMEM);
-  mp_sentry *e;
-  int rc = memo_get(pool, tc, s, &e);
+  mp_sslot *sl;
+  int rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
   unsigned order;
   if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
-  if (order < pool->s_nclasses && e != NULL) {
-    if (entry_try(e)) {
-      void *p = NULL;
-      if (MP_LIKELY(mp_load_relaxed(&e->sid) == tc->s_sid)) {
-        mp_mag *m = e->mag[order];
-        if (MP_LIKELY(m != NULL && m->count != 0)) {
-          p = m->slot[--m->count];
-        } else if (e->full[order] != NULL) { /* swap in a full magazine */
-          mp_mag *f = e->full[order];
-          e->full[order] = mp_load_relaxed(&f->next);
-          if (m != NULL) mp_mag_free(pool, m);
-          e->mag[order] = f;
-          p = f->slot[--f->count];
-        }
-        if (p != NULL) {
-          e->bytes -= (int64_t)mp_block_bytes(pool, order);
-          mp_store_relaxed(&e->cached, e->bytes);
-        }
-      }
-      entry_unlock(e);
-      if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
+  if (order < pool->s_nclasses && sl != NULL && slot_enter(sl)) {
+    void *p = NULL;
+    mp_mag *m = sl->mag[order];
+    if (m != NULL && m->count != 0) {
+      p = m->slot[--m->count];
+    } else if (sl->full[order] != NULL) { /* swap in a full magazine */
+      mp_mag *f = sl->full[order];
+      sl->full[order] = mp_load_relaxed(&f->next);
+      if (m != NULL) mp_mag_free(pool, m);
+      sl->mag[order] = f;
+      p = f->slot[--f->count];
     }
+    if (p != NULL) slot_bytes_add(sl, -(int64_t)mp_block_bytes(pool, order));
+    slot_exit(sl);
+    if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
   }
   /* Miss: any block that is free for the whole pool is free for s too. */
   return magpool_alloc(pool, size);
 }
 
 /* The slow half of free_async, after the header was validated but not yet
- * claimed (*h still holds w). */
-static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sentry *e,
+ * claimed. */
+static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot *sl,
                                        magpool_stream_t s, void *p, _Atomic uint32_t *h,
                                        unsigned order, size_t req) {
   mp_streams *ss = S(pool);
@@ -462,35 +608,26 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sentry
   mp_owner_add(&tc->st.requested, -(uint64_t)req);
   mp_owner_add(&tc->st.frees, 1);
 
-  if (order < pool->s_nclasses && e != NULL) {
-    entry_lock(e);
-    if (mp_load_relaxed(&e->sid) == tc->s_sid) {
-      mp_mag *m = e->mag[order];
-      if (m != NULL && m->count == m->cap) { /* full: chain it */
-        mp_store_relaxed(&m->next, e->full[order]);
-        e->full[order] = m;
-        m = NULL;
-      }
-      if (m == NULL) {
-        m = e->mag[order] = mp_mag_new_cap(pool, order, pool->s_mag_cap[order]);
-      }
-      if (m != NULL) {
-        m->slot[m->count++] = p;
-        e->bytes += (int64_t)bs;
-        mp_mag *chain = NULL;
-        if (e->bytes > (int64_t)pool->cfg.stream_cache_bytes) {
-          int64_t bs_of[MP_MAX_CLASSES];
-          for (unsigned k = 0; k < MP_MAX_CLASSES; k++)
-            bs_of[k] = k < pool->s_nclasses ? (int64_t)mp_block_bytes(pool, k) : 0;
-          chain = entry_take_full(e, bs_of);
-        }
-        mp_store_relaxed(&e->cached, e->bytes);
-        if (chain != NULL) retire(pool, e, s, chain);
-        entry_unlock(e);
-        return 0;
-      }
+  mp_sentry *e = sl != NULL ? sl->e : NULL;
+  if (order < pool->s_nclasses && sl != NULL && slot_enter(sl)) {
+    mp_mag *m = sl->mag[order];
+    if (m != NULL && m->count == m->cap) { /* full: chain it */
+      mp_store_relaxed(&m->next, sl->full[order]);
+      sl->full[order] = m;
+      m = NULL;
     }
-    entry_unlock(e);
+    if (m == NULL) m = sl->mag[order] = mp_mag_new_cap(pool, order, pool->s_mag_cap[order]);
+    if (m != NULL) {
+      m->slot[m->count++] = p;
+      slot_bytes_add(sl, (int64_t)bs);
+      mp_mag *chain = NULL;
+      if (mp_load_relaxed(&sl->bytes) > (int64_t)pool->cfg.stream_cache_bytes)
+        chain = slot_take_full(pool, sl);
+      slot_exit(sl);
+      if (chain != NULL) retire(pool, e, s, chain);
+      return 0;
+    }
+    slot_exit(sl);
   }
   /* Uncached: retire this block alone. */
   mp_mag *m = mp_mag_new(pool, order);
@@ -511,8 +648,8 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
   if (no_stream(pool, s)) return magpool_free(pool, ptr);
   mp_tcache *tc = mp_tcache_get(pool);
   if (MP_UNLIKELY(tc == NULL)) return MAGPOOL_ENOMEM;
-  mp_sentry *e;
-  int rc = memo_get(pool, tc, s, &e);
+  mp_sslot *sl;
+  int rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return rc;
   /* Validate without claiming: nothing may change on an error. */
   _Atomic uint32_t *h;
@@ -520,36 +657,18 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
   size_t req;
   int vr = mp_peek_header(pool, ptr, 0, false, false, &h, &order, &req);
   if (MP_UNLIKELY(vr != 0)) return vr;
-  size_t bs = mp_block_bytes(pool, order);
-
-  if (MP_LIKELY(order < pool->s_nclasses && e != NULL) && entry_try(e)) {
-    mp_mag *m = e->mag[order];
-    if (MP_LIKELY(mp_load_relaxed(&e->sid) == tc->s_sid && m != NULL && m->count < m->cap &&
-                  e->bytes + (int64_t)bs <= (int64_t)pool->cfg.stream_cache_bytes)) {
-      mp_store_relaxed(h, 0); /* claim */
-      m->slot[m->count++] = ptr;
-      e->bytes += (int64_t)bs;
-      mp_store_relaxed(&e->cached, e->bytes);
-      entry_unlock(e);
-      if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, ptr);
-      mp_owner_add(&tc->st.requested, -(uint64_t)req);
-      mp_owner_add(&tc->st.frees, 1);
-      return 0;
-    }
-    entry_unlock(e);
-  }
-  return free_async_slow(pool, tc, e, s, ptr, h, order, req);
+  return free_async_slow(pool, tc, sl, s, ptr, h, order, req);
 }
 
-/* The fast paths: the calling thread's memo names s's entry, the entry's
- * try-lock is free, and the entry's magazine for the class has a block
- * (alloc) or room (free), for a block of region 0.  One CAS and one
- * release store on the entry; the rest is plain.  Anything else takes the
+/* The fast paths: the calling thread's memo names its slot for s, no
+ * thief holds the slot, and the slot's magazine for the class has a block
+ * (alloc) or room (free), for a block of region 0.  No atomic RMW, no
+ * lock, no shared write but the block's header.  Anything else takes the
  * full path above, which repeats every check. */
 MP_INLINE bool memo_hit(magpool_t *pool, mp_tcache *tc, magpool_stream_t s) {
   return tc != NULL && tc->pool == pool &&
-         tc->epoch == mp_load_relaxed(&pool->trim_epoch) && tc->s_entry != NULL &&
-         tc->s_handle == s && tc->s_epoch == mp_load_relaxed(&S(pool)->epoch);
+         tc->epoch == mp_load_relaxed(&pool->trim_epoch) && tc->s_slot != NULL &&
+         tc->s_handle == s && tc->s_epoch == mp_load_relaxed(&pool->stream_epoch);
 }
 
 void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
@@ -557,18 +676,17 @@ void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
   if (MP_LIKELY(memo_hit(pool, tc, s) && size <= tc->s_cache_max)) {
     size_t q = (size - (size != 0)) >> tc->shift;
     unsigned order = q == 0 ? 0 : 64u - mp_clz64(q);
-    mp_sentry *e = tc->s_entry;
-    if (MP_LIKELY(entry_try(e))) {
-      mp_mag *m = e->mag[order];
-      if (MP_LIKELY(mp_load_relaxed(&e->sid) == tc->s_sid && m != NULL && m->count != 0)) {
+    mp_sslot *sl = tc->s_slot;
+    if (MP_LIKELY(slot_enter(sl))) {
+      mp_mag *m = sl->mag[order];
+      if (MP_LIKELY(m != NULL && m->count != 0)) {
         char *p = m->slot[m->count - 1];
         size_t off = (size_t)(p - tc->r0_base);
         if (MP_LIKELY(off < tc->r0_bytes)) {
           size_t bs = (size_t)1 << (order + tc->shift);
           m->count--;
-          e->bytes -= (int64_t)bs;
-          mp_store_relaxed(&e->cached, e->bytes);
-          entry_unlock(e);
+          slot_bytes_add(sl, -(int64_t)bs);
+          slot_exit(sl);
           mp_store_relaxed(&tc->r0_hdr[off >> tc->shift],
                            (uint32_t)(order + 1) | (uint32_t)((bs - size) << MP_HDR_SLACK_SHIFT));
           mp_owner_add(&tc->st.requested, size);
@@ -576,7 +694,7 @@ void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
           return p;
         }
       }
-      entry_unlock(e);
+      slot_exit(sl);
     }
   }
   return alloc_async_full(pool, size, s);
@@ -591,22 +709,22 @@ int magpool_free_async(magpool_t *pool, void *ptr, magpool_stream_t s) {
       _Atomic uint32_t *h = &tc->r0_hdr[unit];
       uint32_t w = mp_load_relaxed(h);
       unsigned order = (w & MP_HDR_ORDER_MASK) - 1; /* ~0u when not live */
-      mp_sentry *e = tc->s_entry;
-      if (MP_LIKELY(order < tc->s_nclasses && (w & MP_HDR_SCOPE) == 0 && entry_try(e))) {
+      mp_sslot *sl = tc->s_slot;
+      if (MP_LIKELY(order < tc->s_nclasses && (w & MP_HDR_SCOPE) == 0 && slot_enter(sl))) {
         size_t bs = (size_t)1 << (order + tc->shift);
-        mp_mag *m = e->mag[order];
-        if (MP_LIKELY(mp_load_relaxed(&e->sid) == tc->s_sid && m != NULL && m->count < m->cap &&
-                      e->bytes + (int64_t)bs <= (int64_t)pool->cfg.stream_cache_bytes)) {
+        mp_mag *m = sl->mag[order];
+        if (MP_LIKELY(m != NULL && m->count < m->cap &&
+                      mp_load_relaxed(&sl->bytes) + (int64_t)bs <=
+                          (int64_t)pool->cfg.stream_cache_bytes)) {
           mp_store_relaxed(h, 0); /* claim */
           m->slot[m->count++] = ptr;
-          e->bytes += (int64_t)bs;
-          mp_store_relaxed(&e->cached, e->bytes);
-          entry_unlock(e);
+          slot_bytes_add(sl, (int64_t)bs);
+          slot_exit(sl);
           mp_owner_add(&tc->st.requested, -(uint64_t)(bs - (w >> MP_HDR_SLACK_SHIFT)));
           mp_owner_add(&tc->st.frees, 1);
           return 0;
         }
-        entry_unlock(e);
+        slot_exit(sl);
       }
     }
   }
@@ -627,10 +745,12 @@ int magpool_stream_release(magpool_t *pool, magpool_stream_t s) {
   if (e == NULL) return 0;
   entry_lock(e);
   if (mp_load_relaxed(&e->sid) == sid + 1) {
-    mp_mag *chain = entry_take_all(pool, e);
+    /* Every thread's blocks freed on s go behind s's work, now, while s is
+     * still a valid stream. */
+    mp_mag *chain = entry_steal(pool, e);
     if (chain != NULL) retire(pool, e, s, chain);
     /* No memo may reach this entry for s any more. */
-    mp_fetch_add_acq_rel(&ss->epoch, 1);
+    mp_fetch_add_acq_rel(&pool->stream_epoch, 1);
     mp_store_release(&e->sid, 0);
   }
   entry_unlock(e);
@@ -644,11 +764,11 @@ void mp_streams_flush_caches(magpool_t *pool, mp_tcache *tc) {
   mp_streams *ss = S(pool);
   for (unsigned i = 0; i < MP_STREAM_TABLE; i++) {
     mp_sentry *e = mp_load_acquire(&ss->tab[i]);
-    if (e == NULL || mp_load_relaxed(&e->cached) == 0) continue;
-    if (!entry_try(e)) continue; /* in use right now: skip it */
+    if (e == NULL || mp_load_relaxed(&e->sid) == 0) continue;
+    if (!entry_try(e)) continue; /* another thief is at it */
     if (mp_load_relaxed(&e->sid) != 0 &&
         ss->ops->capturing(pool->src_ctx, e->handle) == 0) {
-      mp_mag *chain = entry_take_all(pool, e);
+      mp_mag *chain = entry_steal(pool, e);
       if (chain != NULL) retire(pool, e, e->handle, chain);
     }
     entry_unlock(e);
@@ -692,6 +812,33 @@ void mp_streams_trim(magpool_t *pool, mp_tcache *tc) {
   mp_streams_drain_ready(pool, tc);
 }
 
+/* A thread leaves (its record is being flushed): its slots' blocks go
+ * behind their streams.  A slot whose stream was released has been
+ * emptied by the release. */
+void mp_streams_thread_exit(magpool_t *pool, mp_tcache *tc) {
+  mp_streams *ss = S(pool);
+  for (mp_sslot *sl = tc->s_slots; sl != NULL; sl = sl->tnext) {
+    if (mp_load_relaxed(&sl->bytes) == 0 || !slot_enter(sl)) continue;
+    mp_mag *chain = slot_take_all(pool, sl);
+    slot_exit(sl);
+    if (chain == NULL) continue;
+    mp_sentry *e = sl->e;
+    if (mp_load_acquire(&e->sid) != 0 && ss->ops->capturing(pool->src_ctx, e->handle) == 0) {
+      retire(pool, e, e->handle, chain);
+    } else { /* stream gone (or capturing): wait for the device instead */
+      ss->ops->sync_all(pool->src_ctx);
+      for (mp_mag *m = chain; m != NULL;) {
+        mp_mag *mn = mp_load_relaxed(&m->next);
+        mp_blocks_give(pool, tc, m->slot, m->count, m->order);
+        mp_mag_free(pool, m);
+        m = mn;
+      }
+    }
+  }
+  tc->s_slot = NULL;
+  tc->s_handle = NULL;
+}
+
 void mp_streams_destroy(magpool_t *pool) {
   mp_streams *ss = S(pool);
   if (ss == NULL) return;
@@ -705,7 +852,16 @@ void mp_streams_destroy(magpool_t *pool) {
     free(b); /* its magazines live in the pool's slabs */
     b = n;
   }
-  for (unsigned i = 0; i < MP_STREAM_TABLE; i++) free(mp_load_relaxed(&ss->tab[i]));
+  for (unsigned i = 0; i < MP_STREAM_TABLE; i++) {
+    mp_sentry *e = mp_load_relaxed(&ss->tab[i]);
+    if (e == NULL) continue;
+    for (mp_sslot *sl = mp_load_relaxed(&e->slots); sl != NULL;) {
+      mp_sslot *n = sl->next;
+      free(sl);
+      sl = n;
+    }
+    free(e);
+  }
   pthread_mutex_destroy(&ss->create_lock);
   free(ss);
   pool->streams = NULL;
