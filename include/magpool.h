@@ -262,9 +262,14 @@ MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
  * stream, another thread, the synchronous API) gets them only once s has
  * passed the free.  s may be NULL: the legacy default stream on
  * DEVICE and PINNED pools; "no stream" (same as magpool_alloc) on HOST
- * pools.  Errors as magpool_alloc, plus MAGPOOL_ECAPTURE if s is being
- * captured, MAGPOOL_ECUDA if a CUDA call failed, and MAGPOOL_EINVAL for a
- * stream of the wrong kind where that can be told. */
+ * pools.  Errors as magpool_alloc, plus MAGPOOL_ECUDA if a CUDA call
+ * failed, and MAGPOOL_EINVAL for a stream of the wrong kind where that can
+ * be told.  Stream capture: the first call for s on a thread (and the first
+ * after any magpool_stream_release) fails with MAGPOOL_ECAPTURE while s is
+ * being captured; a later call may instead be served from the thread's
+ * cache for s without a CUDA call.  Such a block is allocated at capture
+ * time and stays allocated until it is freed outside the capture, so a
+ * graph may keep using it; it is never handed out twice. */
 MAGPOOL_API void *magpool_alloc_async(magpool_t *pool, size_t size,
                                       magpool_stream_t s);
 
@@ -272,7 +277,10 @@ MAGPOOL_API void *magpool_alloc_async(magpool_t *pool, size_t size,
  * the pool once all work queued on s before this call has finished.  Later
  * allocations on s may reuse it at once.  ptr may come from any magpool
  * allocation call of this pool.  Errors as magpool_free, plus
- * MAGPOOL_ECAPTURE (the block stays allocated) when s is being captured. */
+ * MAGPOOL_ECAPTURE when s is being captured: a free recorded into a graph
+ * would be a no-op at every replay, so the block stays allocated (free it
+ * outside the capture once the graph is done with it).  To that end every
+ * free on a CUDA stream asks cudaStreamIsCapturing first. */
 MAGPOOL_API int magpool_free_async(magpool_t *pool, void *ptr,
                                    magpool_stream_t s);
 

@@ -333,6 +333,7 @@ typedef struct mp_tcache {
   magpool_stream_t s_handle;
   struct mp_sslot *s_slot;
   uint64_t s_epoch;
+  bool s_check_capture;  /* CUDA streams: frees ask about capture     */
   struct mp_sslot *s_slots;
   _Atomic int state;
   struct mp_tcache *pool_next;   /* pool list; set before publication  */
@@ -502,6 +503,13 @@ typedef struct mp_stream_ops {
   int (*capturing)(void *dev, magpool_stream_t s);
   /* Waits for all work of the pool's device; MAGPOOL_ENOTSUP on host. */
   int (*sync_all)(void *dev);
+  /* Does handle s name a different stream on each thread
+   * (cudaStreamPerThread)?  Such an entry's blocks can only be retired by
+   * the thread whose stream it is. */
+  bool (*per_thread)(magpool_stream_t s);
+  /* Must every async free ask capturing() first?  (CUDA: yes, a free
+   * recorded into a graph must not make its block reusable; host: no.) */
+  bool check_capture;
 } mp_stream_ops;
 extern const mp_stream_ops mp_cuda_stream_ops;
 
@@ -518,6 +526,9 @@ void mp_streams_trim(magpool_t *pool, mp_tcache *tc);
 void mp_streams_stats(magpool_t *pool, size_t *cached, size_t *pending);
 /* The record's thread is exiting: retire its stream slots. */
 void mp_streams_thread_exit(magpool_t *pool, mp_tcache *tc);
+/* A trim ran: the owner retires its stream slots (those of per-thread
+ * streams only it can retire). */
+void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc);
 
 /* pool.c helpers shared with stream.c and scope.c */
 

@@ -455,7 +455,8 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
     pthread_setspecific(tls_key, (void *)1);
   }
   uint64_t ep = mp_load_acquire(&pool->trim_epoch);
-  if (tc->epoch != ep) { /* a trim ran: return our cache for this pool */
+  if (tc->epoch != ep) { /* a trim ran: return our caches for this pool */
+    mp_streams_thread_flush(pool, tc);
     mp_tcache_flush(pool, tc);
     tc->epoch = ep;
   }

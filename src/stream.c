@@ -219,7 +219,14 @@ static int host_sync_all(void *dev) {
   return MAGPOOL_ENOTSUP;
 }
 
+static bool host_per_thread(magpool_stream_t s) {
+  (void)s;
+  return false;
+}
+
 static const mp_stream_ops host_stream_ops = {
+  .per_thread = host_per_thread,
+  .check_capture = false,
   .get_id = host_get_id,
   .after = host_after,
   .sync = host_sync,
@@ -542,6 +549,7 @@ static MP_NOINLINE int memo_slow(magpool_t *pool, mp_tcache *tc, magpool_stream_
     tc->s_handle = s;
     tc->s_slot = sl;
     tc->s_epoch = ep;
+    tc->s_check_capture = ss->ops->check_capture;
   }
   *out = sl;
   return 0;
@@ -702,7 +710,11 @@ void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
 
 int magpool_free_async(magpool_t *pool, void *ptr, magpool_stream_t s) {
   mp_tcache *tc = mp_tls_last;
-  if (MP_LIKELY(memo_hit(pool, tc, s))) {
+  /* A free recorded into a graph being captured must not make its block
+   * reusable now: graph replays would keep writing it.  So on CUDA streams
+   * every free asks first (free_async_slow answers MAGPOOL_ECAPTURE). */
+  if (MP_LIKELY(memo_hit(pool, tc, s)) &&
+      MP_LIKELY(!tc->s_check_capture || S(pool)->ops->capturing(pool->src_ctx, s) == 0)) {
     size_t off = (size_t)((char *)ptr - tc->r0_base);
     size_t unit = off >> tc->shift;
     if (MP_LIKELY(off < tc->r0_bytes && (unit << tc->shift) == off)) {
@@ -766,7 +778,9 @@ void mp_streams_flush_caches(magpool_t *pool, mp_tcache *tc) {
     mp_sentry *e = mp_load_acquire(&ss->tab[i]);
     if (e == NULL || mp_load_relaxed(&e->sid) == 0) continue;
     if (!entry_try(e)) continue; /* another thief is at it */
-    if (mp_load_relaxed(&e->sid) != 0 &&
+    /* A per-thread stream's handle names our own stream here, not its
+     * owner's: only the owner retires it (mp_streams_thread_flush). */
+    if (mp_load_relaxed(&e->sid) != 0 && !ss->ops->per_thread(e->handle) &&
         ss->ops->capturing(pool->src_ctx, e->handle) == 0) {
       mp_mag *chain = entry_steal(pool, e);
       if (chain != NULL) retire(pool, e, e->handle, chain);
@@ -784,10 +798,10 @@ size_t mp_streams_wait_pending(magpool_t *pool, mp_tcache *tc) {
     mp_sentry *e = mp_load_acquire(&ss->tab[i]);
     if (e == NULL || mp_load_acquire(&e->pending) == 0) continue;
     if (!entry_try(e)) continue;
-    magpool_stream_t h = e->handle;
-    bool live = mp_load_relaxed(&e->sid) != 0;
+    /* Sync under the entry lock: a release (which takes it) cannot retire
+     * the entry, and its stream be destroyed, while we wait on it. */
+    if (mp_load_relaxed(&e->sid) != 0 && ss->ops->sync(pool->src_ctx, e->handle) == 0) n++;
     entry_unlock(e);
-    if (live && ss->ops->sync(pool->src_ctx, h) == 0) n++;
   }
   if (mp_load_acquire(&ss->pending_batches) != 0) {
     /* Batches of released streams (or ones we could not sync): wait for
@@ -816,6 +830,12 @@ void mp_streams_trim(magpool_t *pool, mp_tcache *tc) {
  * behind their streams.  A slot whose stream was released has been
  * emptied by the release. */
 void mp_streams_thread_exit(magpool_t *pool, mp_tcache *tc) {
+  mp_streams_thread_flush(pool, tc);
+  tc->s_slot = NULL;
+  tc->s_handle = NULL;
+}
+
+void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc) {
   mp_streams *ss = S(pool);
   for (mp_sslot *sl = tc->s_slots; sl != NULL; sl = sl->tnext) {
     if (mp_load_relaxed(&sl->bytes) == 0 || !slot_enter(sl)) continue;
@@ -835,8 +855,6 @@ void mp_streams_thread_exit(magpool_t *pool, mp_tcache *tc) {
       }
     }
   }
-  tc->s_slot = NULL;
-  tc->s_handle = NULL;
 }
 
 void mp_streams_destroy(magpool_t *pool) {

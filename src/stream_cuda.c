@@ -76,12 +76,16 @@ static int cu_capturing(void *dev, magpool_stream_t s) {
   return st != cudaStreamCaptureStatusNone;
 }
 
+static bool cu_per_thread(magpool_stream_t s) { return (cudaStream_t)s == cudaStreamPerThread; }
+
 const mp_stream_ops mp_cuda_stream_ops = {
   .get_id = cu_get_id,
   .after = cu_after,
   .sync = cu_sync,
   .capturing = cu_capturing,
   .sync_all = cu_sync_all,
+  .per_thread = cu_per_thread,
+  .check_capture = true,
 };
 
 #else
@@ -103,11 +107,18 @@ static int nocuda_sync_all(void *dev) {
   return MAGPOOL_ENODEV;
 }
 
+static bool nocuda_per_thread(magpool_stream_t s) {
+  (void)s;
+  return false;
+}
+
 const mp_stream_ops mp_cuda_stream_ops = {
   .get_id = nocuda_get_id,
   .after = nocuda_after,
   .sync = nocuda_sync,
   .capturing = nocuda_sync,
   .sync_all = nocuda_sync_all,
+  .per_thread = nocuda_per_thread,
+  .check_capture = true,
 };
 #endif

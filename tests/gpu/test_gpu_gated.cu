@@ -17,6 +17,12 @@
 //      own per-thread stream (cudaStreamPerThread names a different stream
 //      on every thread).
 //
+// While a stream is gated the test thread makes no CUDA call that might
+// wait for the whole device (cudaMalloc, cudaFree, pageable copies, first
+// launch of a kernel: kernels are loaded eagerly up front).
+//
+// Set MAGPOOL_TEST_TRACE=1 for timestamped progress on stderr.
+//
 // Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
 #include <cuda_runtime.h>
 #include <magpool.h>
@@ -30,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <stdlib.h>
 #include <vector>
 
 namespace {
@@ -75,10 +82,13 @@ const bool g_trace = std::getenv("MAGPOOL_TEST_TRACE") != nullptr;
     }                                                                                  \
   } while (0)
 
+// Fatal variant: later steps would crash without it.  Evaluates c once.
 #define REQUIRE(c, ...)                                                                \
   do {                                                                                 \
-    EXPECT(c, __VA_ARGS__);                                                            \
     if (!(c)) {                                                                        \
+      std::printf("%s: FAIL %s:%d: %s: ", "gpu_gated", __FILE__, __LINE__, #c);        \
+      std::printf(__VA_ARGS__);                                                        \
+      std::printf("\n");                                                               \
       std::fflush(stdout);                                                             \
       _exit(1);                                                                        \
     }                                                                                  \
@@ -187,8 +197,7 @@ struct Batch {
     CK(cudaGetLastError());
   }
   // One launch per block and no device memory for the arrays: for use
-  // while a stream is gated (a cudaMalloc or pageable copy then may wait for
-  // the gate kernel; seen on an H200 with CUDA 13).
+  // while a stream is gated (no cudaMalloc, no pageable copy then).
   void fill_each(cudaStream_t s, uint64_t base) {
     for (size_t i = 0; i < p.size(); i++) k_fill1<<<1, 128, 0, s>>>(p[i], n[i], base + i);
     CK(cudaGetLastError());
@@ -431,11 +440,15 @@ void per_thread_stream_trim() {
   EXPECT(magpool_trim(sh.pool) == 0, "trim");
   TRACE("ptds: synchronised own per-thread stream, trimmed");
   magpool_stats_t st = stats(sh.pool);
-  EXPECT(st.pending_bytes >= M * SZ,
-         "T's %zu freed bytes are no longer pending (pending_bytes %zu, before trim %zu, cached "
-         "before %zu) although T's per-thread stream is blocked before the frees: the trim "
-         "retired them behind the wrong stream",
-         M * SZ, st.pending_bytes, st0.pending_bytes, st0.cached_bytes);
+  // A trim from another thread cannot name T's per-thread stream (the handle
+  // means the caller's own), so T's blocks stay in T's stream cache until T
+  // retires them itself; or, were they retired, they must be pending behind
+  // T's stream.  Either way they must not be back in the pool.
+  EXPECT(st.pending_bytes + st.cached_bytes >= M * SZ,
+         "T's %zu freed bytes are neither pending nor cached (pending_bytes %zu, cached %zu; "
+         "before trim %zu and %zu) although T's per-thread stream is blocked before the "
+         "frees: the trim gave them back behind the wrong stream",
+         M * SZ, st.pending_bytes, st.cached_bytes, st0.pending_bytes, st0.cached_bytes);
 
   cudaStream_t B;
   CK(cudaStreamCreateWithFlags(&B, cudaStreamNonBlocking));
@@ -479,6 +492,11 @@ void per_thread_stream_trim() {
 
 int main() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // Load every kernel now.  With lazy loading (the default since CUDA 12),
+  // the first launch of a kernel while a gate kernel spins waits for the
+  // gate: the host would block before it opens the gate.  (Seen on an H200
+  // with CUDA 13: a first launch on an idle stream waited for the gate.)
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   int ndev = 0;
   cudaError_t e = cudaGetDeviceCount(&ndev);
   if (e != cudaSuccess || ndev == 0) {
@@ -487,6 +505,12 @@ int main() {
     return 77;
   }
   CK(cudaSetDevice(0));
+  cudaFuncAttributes fa;
+  CK(cudaFuncGetAttributes(&fa, k_gate));
+  CK(cudaFuncGetAttributes(&fa, k_fill_many));
+  CK(cudaFuncGetAttributes(&fa, k_check_many));
+  CK(cudaFuncGetAttributes(&fa, k_fill1));
+  CK(cudaFuncGetAttributes(&fa, k_check1));
   gated_stream();
   per_thread_stream_trim();
   std::printf("gpu_gated: %s (%d failures)\n", g_fail ? "FAIL" : "PASS", g_fail);

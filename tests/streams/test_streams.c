@@ -40,6 +40,24 @@
 
 #include <magpool.h>
 
+/* LeakSanitizer inside a Criterion test prints but passes: finish() asks
+ * it explicitly under ASan. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ST_ASAN 1
+#endif
+#endif
+#ifdef ST_ASAN
+#include <sanitizer/lsan_interface.h>
+#define ST_ASSERT_NO_LEAKS()                                                                  \
+  cr_assert_eq(__lsan_do_recoverable_leak_check(), 0,                                         \
+               "LeakSanitizer found leaks (see the report above)")
+#else
+#define ST_ASSERT_NO_LEAKS() ((void)0)
+#endif
+
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
@@ -396,6 +414,7 @@ static void finish(magpool_t *pool, size_t pool_size, magpool_stream_t *s, size_
   cr_assert_eq(magpool_trim(pool), 0);
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_destroy(pool), 0);
+  ST_ASSERT_NO_LEAKS();
 }
 
 /* ===================================================================== */
