@@ -305,7 +305,8 @@ static void usage(FILE *f) {
           "               to the online CPUs, at most 16)\n"
           "  --seconds    seconds per measurement (default 1)\n"
           "  --rows       only these rows (default all): floor, magpool, magpool-nocache,\n"
-          "               magpool-locked, magpool-device, magpool-async, cudaMallocAsync,\n"
+          "               magpool-locked, magpool-device, magpool-async,\n"
+          "               magpool-async-nocheck, cudaMallocAsync,\n"
           "               cub, cudaMalloc\n");
 }
 
@@ -615,6 +616,7 @@ report:
   int mp = row_index(&tb, "magpool"), fl = row_index(&tb, "floor");
   int nc = row_index(&tb, "magpool-nocache"), lk = row_index(&tb, "magpool-locked");
   int as = row_index(&tb, "magpool-async"), cma = row_index(&tb, "cudaMallocAsync");
+  int an = row_index(&tb, "magpool-async-nocheck");
   for (int w = 0; w < BENCH_NWORKLOADS; w++) {
     const result *a, *b;
     if (w == BENCH_FIXED1K && (a = get(&tb, mp, w, t1)) && (b = get(&tb, fl, w, t1))) {
@@ -634,6 +636,14 @@ report:
     if ((a = get(&tb, as, w, t16)) && (b = get(&tb, cma, w, t16))) {
       double v = a->mpairs_per_s / b->mpairs_per_s;
       print_target("async_vs_cudaMallocAsync", w, 16, v, ">=1000", v >= 1000.0);
+    }
+    if ((a = get(&tb, an, w, t1)) && (b = get(&tb, cma, w, t1))) {
+      double v = a->mpairs_per_s / b->mpairs_per_s;
+      print_target("async_nocheck_vs_cudaMallocAsync", w, 1, v, ">=40", v >= 40.0);
+    }
+    if ((a = get(&tb, an, w, t16)) && (b = get(&tb, cma, w, t16))) {
+      double v = a->mpairs_per_s / b->mpairs_per_s;
+      print_target("async_nocheck_vs_cudaMallocAsync", w, 16, v, ">=1000", v >= 1000.0);
     }
   }
 

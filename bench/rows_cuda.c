@@ -262,9 +262,10 @@ static const bench_row row_cub = {
 /* magpool on DEVICE pools                                            */
 /* ------------------------------------------------------------------ */
 
-static int mpdev_setup(bench_run *run) {
+static int mpdev_setup_cfg(bench_run *run, int capture_check) {
   magpool_config_t cfg;
   magpool_config_init(&cfg);
+  cfg.capture_check = capture_check;
   cfg.kind = MAGPOOL_MEM_DEVICE;
   cfg.device = BENCH_DEVICE;
   cfg.pool_size = run->pool_bytes;
@@ -281,6 +282,9 @@ static int mpdev_setup(bench_run *run) {
   run->ctx = pool;
   return 0;
 }
+
+static int mpdev_setup(bench_run *run) { return mpdev_setup_cfg(run, 1); }
+static int mpdev_setup_nocheck(bench_run *run) { return mpdev_setup_cfg(run, 0); }
 
 static void mpdev_teardown(bench_run *run) {
   const char *name = run->row->name;
@@ -364,8 +368,24 @@ static const bench_row row_magpool_async = {
     .strerror = mpasync_strerror,
 };
 
+/* The same with capture_check = 0: the program promises to release a
+ * stream before capturing on it, and async frees skip
+ * cudaStreamIsCapturing. */
+static const bench_row row_magpool_async_nocheck = {
+    .name = "magpool-async-nocheck",
+    .what = "as magpool-async, pool created with capture_check = 0",
+    .flags = BENCH_ROW_DEVICE,
+    .setup = mpdev_setup_nocheck,
+    .teardown = mpdev_teardown,
+    .thread_init = stream_thread_init,
+    .thread_fini = mpasync_thread_fini,
+    .body = mpasync_body,
+    .strerror = mpasync_strerror,
+};
+
 const bench_row *const bench_device_rows[] = {
-    &row_magpool_device, &row_magpool_async, &row_cudamallocasync, &row_cub, &row_cudamalloc,
+    &row_magpool_device, &row_magpool_async, &row_magpool_async_nocheck,
+    &row_cudamallocasync, &row_cub, &row_cudamalloc,
 };
 const int bench_device_nrows = (int)(sizeof bench_device_rows / sizeof bench_device_rows[0]);
 

@@ -46,6 +46,7 @@ void magpool_config_init(magpool_config_t *cfg) {
   cfg->thread_cache_bytes = MP_DEFAULT_THREAD_CACHE;
   cfg->cache_max_block = MP_DEFAULT_CACHE_MAX;
   cfg->stream_cache_bytes = MP_DEFAULT_STREAM_CACHE;
+  cfg->capture_check = 1;
 }
 
 /* The fields every caller must have (the first version's config). */

@@ -549,7 +549,7 @@ static MP_NOINLINE int memo_slow(magpool_t *pool, mp_tcache *tc, magpool_stream_
     tc->s_handle = s;
     tc->s_slot = sl;
     tc->s_epoch = ep;
-    tc->s_check_capture = ss->ops->check_capture;
+    tc->s_check_capture = ss->ops->check_capture && pool->cfg.capture_check;
   }
   *out = sl;
   return 0;
