@@ -118,8 +118,13 @@ typedef struct magpool_config {
   int device;                /* CUDA device ordinal for DEVICE pools;
                                 default 0                                  */
   size_t thread_cache_bytes; /* most bytes one thread's cache may hold for
-                                this pool; default 4 MiB; 0 disables the
-                                per-thread caches                          */
+                                this pool; default 16 MiB, and never more
+                                than pool_size / 8 (larger values are
+                                lowered at creation); 0 disables the
+                                per-thread caches.  Other threads cannot
+                                use what a thread caches until that thread
+                                next calls magpool on the pool or exits:
+                                N threads may hold N times this much      */
   size_t cache_max_block;    /* blocks larger than this bypass the caches;
                                 default 1 MiB                              */
   size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks

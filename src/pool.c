@@ -24,7 +24,7 @@ void mp_pool_set_source_override(const mp_source_ops *ops) {
 
 #define MP_DEFAULT_POOL_SIZE ((size_t)256 << 20)
 #define MP_DEFAULT_MIN_BLOCK ((size_t)64)
-#define MP_DEFAULT_THREAD_CACHE ((size_t)4 << 20)
+#define MP_DEFAULT_THREAD_CACHE ((size_t)16 << 20)
 #define MP_DEFAULT_CACHE_MAX ((size_t)1 << 20)
 #define MP_DEFAULT_STREAM_CACHE ((size_t)8 << 20)
 #define MP_MAG_MAX_SLOTS 64u
@@ -163,6 +163,10 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   atomic_init(&pool->trim_epoch, pool->uid << 32); /* see mp_tcache_get */
   pool->min_shift = mp_log2_floor(c.min_block);
 
+  /* A thread may hoard at most an eighth of the initial pool, whatever
+   * was asked: idle threads' caches cannot be reclaimed by others. */
+  if (c.thread_cache_bytes > c.pool_size / 8) c.thread_cache_bytes = c.pool_size / 8;
+  pool->cfg.thread_cache_bytes = c.thread_cache_bytes;
   /* Cached classes: blocks up to cache_max_block, and no larger than half
    * the thread cache (a bigger block could never be cached). */
   size_t cmax = c.cache_max_block;
