@@ -456,9 +456,12 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
   }
   uint64_t ep = mp_load_acquire(&pool->trim_epoch);
   if (tc->epoch != ep) { /* a trim ran: return our caches for this pool */
+    /* Epoch first and memo set: the flushes below may call back into
+     * mp_tcache_get (mp_depot_drain, retire's out-of-memory path). */
+    tc->epoch = ep;
+    mp_tls_last = tc;
     mp_streams_thread_flush(pool, tc);
     mp_tcache_flush(pool, tc);
-    tc->epoch = ep;
   }
   /* Tracking needs every allocation on a path that records it: it turns
    * the caches off (magpool_tracking_enable bumps the epoch to get here). */
