@@ -453,6 +453,13 @@ MP_INLINE mp_tcache *mp_tcache_get(magpool_t *pool) {
   return mp_tcache_get_slow(pool);
 }
 
+/* Order of a request the fast paths may serve (size <= a cache's largest
+ * class, so no overflow): ceil(log2(ceil(size / min_block))). */
+MP_INLINE unsigned mp_cached_order(const mp_tcache *tc, size_t size) {
+  size_t q = (size - (size != 0)) >> tc->shift; /* (size - 1) / min_block */
+  return q == 0 ? 0 : 64u - mp_clz64(q);
+}
+
 /* Slow paths behind the inline magazine hit in pool.c. */
 void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order);
 void mp_cache_free_slow(magpool_t *pool, mp_tcache *tc, void *p, unsigned order);

@@ -325,26 +325,17 @@ void mp_cache_free_slow(magpool_t *pool, mp_tcache *tc, void *p, unsigned order)
     return;
   }
   if (c->loaded->count == c->loaded->cap) {
-    if (c->prev == NULL || c->prev->count == 0) {
-      mp_mag *e = c->prev;
-      c->prev = c->loaded;
-      c->loaded = e != NULL ? e : mp_mag_new(pool, order);
-      if (c->loaded == NULL) {
-        c->loaded = c->prev;
-        c->prev = NULL;
-        mp_tree_give(pool, tc, p, order);
-        return;
-      }
-    } else { /* both full: the previous goes to the depot */
-      mp_mag *e = depot_put(pool, tc, c->prev, order);
-      c->prev = c->loaded;
-      c->loaded = e != NULL ? e : mp_mag_new(pool, order);
-      if (c->loaded == NULL) {
-        c->loaded = c->prev;
-        c->prev = NULL;
-        mp_tree_give(pool, tc, p, order);
-        return;
-      }
+    /* The full loaded magazine becomes the previous one; an empty
+     * previous one is reused, a full one goes to the depot. */
+    mp_mag *e = c->prev;
+    if (e != NULL && e->count != 0) e = depot_put(pool, tc, e, order);
+    c->prev = c->loaded;
+    c->loaded = e != NULL ? e : mp_mag_new(pool, order);
+    if (c->loaded == NULL) {
+      c->loaded = c->prev;
+      c->prev = NULL;
+      mp_tree_give(pool, tc, p, order);
+      return;
     }
   }
   c->loaded->slot[c->loaded->count++] = p;

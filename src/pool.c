@@ -147,6 +147,26 @@ out:
 
 /* ------------------------------------------------------------- creation */
 
+/* Classes a cache of `budget` bytes serves: blocks up to cache_max_block
+ * and no larger than half the budget (a bigger one could never be
+ * cached); a magazine holds at most a quarter of the budget, and at most
+ * MP_MAG_MAX_SLOTS blocks.  Returns the number of classes (0 if budget is
+ * 0) and fills caps[]. */
+static unsigned cache_classes(const magpool_t *pool, size_t budget, uint32_t caps[]) {
+  if (budget == 0) return 0;
+  size_t cmax = pool->cfg.cache_max_block;
+  if (cmax > budget / 2) cmax = budget / 2;
+  unsigned n = 0;
+  while (n < MP_MAX_CLASSES && mp_block_bytes(pool, n) <= cmax) n++;
+  for (unsigned k = 0; k < n; k++) {
+    size_t fit = budget / 4 / mp_block_bytes(pool, k);
+    uint32_t cap = 1;
+    while (cap * 2 <= MP_MAG_MAX_SLOTS && cap * 2 <= fit) cap *= 2;
+    caps[k] = cap;
+  }
+  return n;
+}
+
 int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   if (cfg == NULL || out == NULL) return MAGPOOL_EINVAL;
   magpool_config_t c;
@@ -167,32 +187,8 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
    * was asked: idle threads' caches cannot be reclaimed by others. */
   if (c.thread_cache_bytes > c.pool_size / 8) c.thread_cache_bytes = c.pool_size / 8;
   pool->cfg.thread_cache_bytes = c.thread_cache_bytes;
-  /* Cached classes: blocks up to cache_max_block, and no larger than half
-   * the thread cache (a bigger block could never be cached). */
-  size_t cmax = c.cache_max_block;
-  if (cmax > c.thread_cache_bytes / 2) cmax = c.thread_cache_bytes / 2;
-  unsigned ncls = 0;
-  while (ncls < MP_MAX_CLASSES && mp_block_bytes(pool, ncls) <= cmax) ncls++;
-  pool->nclasses = c.thread_cache_bytes == 0 ? 0 : ncls;
-  for (unsigned k = 0; k < pool->nclasses; k++) {
-    /* A magazine holds at most a quarter of the thread budget. */
-    size_t fit = c.thread_cache_bytes / 4 / mp_block_bytes(pool, k);
-    uint32_t cap = 1;
-    while (cap * 2 <= MP_MAG_MAX_SLOTS && cap * 2 <= fit) cap *= 2;
-    pool->mag_cap[k] = cap;
-  }
-  /* Stream caches: the same class limit, sized by stream_cache_bytes. */
-  size_t smax = c.cache_max_block;
-  if (smax > c.stream_cache_bytes / 2) smax = c.stream_cache_bytes / 2;
-  unsigned sn = 0;
-  while (sn < MP_MAX_CLASSES && mp_block_bytes(pool, sn) <= smax) sn++;
-  pool->s_nclasses = c.stream_cache_bytes == 0 ? 0 : sn;
-  for (unsigned k = 0; k < pool->s_nclasses; k++) {
-    size_t fit = c.stream_cache_bytes / 4 / mp_block_bytes(pool, k);
-    uint32_t cap = 1;
-    while (cap * 2 <= MP_MAG_MAX_SLOTS && cap * 2 <= fit) cap *= 2;
-    pool->s_mag_cap[k] = cap;
-  }
+  pool->nclasses = cache_classes(pool, c.thread_cache_bytes, pool->mag_cap);
+  pool->s_nclasses = cache_classes(pool, c.stream_cache_bytes, pool->s_mag_cap);
   size_t dl = 2 * c.thread_cache_bytes;
   pool->depot_limit = dl < c.pool_size / 16 ? dl : c.pool_size / 16;
 
@@ -379,8 +375,7 @@ MP_INLINE void *alloc_impl(magpool_t *pool, size_t size, uint32_t flags) {
   mp_tcache *tc = mp_tls_last;
   if (MP_LIKELY(tc != NULL && tc->pool == pool &&
                 tc->epoch == mp_load_relaxed(&pool->trim_epoch) && size <= tc->cache_max)) {
-    size_t q = (size - (size != 0)) >> tc->shift; /* (size-1)/min_block */
-    unsigned order = q == 0 ? 0 : 64u - mp_clz64(q);
+    unsigned order = mp_cached_order(tc, size);
     mp_mag *m = tc->cls[order].loaded;
     if (MP_LIKELY(m != NULL && m->count != 0)) {
       char *p = m->slot[m->count - 1];

@@ -464,6 +464,13 @@ static mp_sslot *slot_of(mp_sentry *e, mp_tcache *tc) {
   return sl;
 }
 
+/* 0 if s is not being captured, MAGPOOL_ECAPTURE if it is, or the error of
+ * the query. */
+static int capture_rc(magpool_t *pool, magpool_stream_t s) {
+  int cap = S(pool)->ops->capturing(pool->src_ctx, s);
+  return cap > 0 ? MAGPOOL_ECAPTURE : cap;
+}
+
 /* ------------------------------------------------------------- lookups -- */
 
 static inline uint64_t hash_sid(uint64_t x) {
@@ -536,9 +543,8 @@ static mp_sentry *entry_find(mp_streams *ss, uint64_t sid, magpool_stream_t h, b
 static MP_NOINLINE int memo_slow(magpool_t *pool, mp_tcache *tc, magpool_stream_t s,
                                  mp_sslot **out) {
   mp_streams *ss = S(pool);
-  int cap = ss->ops->capturing(pool->src_ctx, s);
-  if (cap < 0) return cap;
-  if (cap > 0) return MAGPOOL_ECAPTURE;
+  int cap = capture_rc(pool, s);
+  if (cap != 0) return cap;
   uint64_t sid;
   int rc = ss->ops->get_id(pool->src_ctx, s, &sid);
   if (rc != 0) return rc;
@@ -607,9 +613,8 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot 
                                        unsigned order, size_t req) {
   mp_streams *ss = S(pool);
   /* Anything past this point may enqueue a callback: not during capture. */
-  int cap = ss->ops->capturing(pool->src_ctx, s);
-  if (cap < 0) return cap;
-  if (cap > 0) return MAGPOOL_ECAPTURE;
+  int cap = capture_rc(pool, s);
+  if (cap != 0) return cap;
   size_t bs = mp_block_bytes(pool, order);
   mp_store_relaxed(h, 0); /* claim: from here on the block is ours */
   if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, p);
@@ -682,8 +687,7 @@ MP_INLINE bool memo_hit(magpool_t *pool, mp_tcache *tc, magpool_stream_t s) {
 void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
   mp_tcache *tc = mp_tls_last;
   if (MP_LIKELY(memo_hit(pool, tc, s) && size <= tc->s_cache_max)) {
-    size_t q = (size - (size != 0)) >> tc->shift;
-    unsigned order = q == 0 ? 0 : 64u - mp_clz64(q);
+    unsigned order = mp_cached_order(tc, size);
     mp_sslot *sl = tc->s_slot;
     if (MP_LIKELY(slot_enter(sl))) {
       mp_mag *m = sl->mag[order];
@@ -708,37 +712,49 @@ void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
   return alloc_async_full(pool, size, s);
 }
 
+/* The free fast path proper: true if it freed ptr into the thread's slot.
+ * No calls, so the inline caller needs no stack frame. */
+MP_INLINE bool free_async_hit(magpool_t *pool, mp_tcache *tc, void *ptr) {
+  size_t off = (size_t)((char *)ptr - tc->r0_base);
+  size_t unit = off >> tc->shift;
+  if (MP_UNLIKELY(off >= tc->r0_bytes || (unit << tc->shift) != off)) return false;
+  _Atomic uint32_t *h = &tc->r0_hdr[unit];
+  uint32_t w = mp_load_relaxed(h);
+  unsigned order = (w & MP_HDR_ORDER_MASK) - 1; /* ~0u when not live */
+  mp_sslot *sl = tc->s_slot;
+  if (MP_UNLIKELY(order >= tc->s_nclasses || (w & MP_HDR_SCOPE) != 0 || !slot_enter(sl)))
+    return false;
+  size_t bs = (size_t)1 << (order + tc->shift);
+  mp_mag *m = sl->mag[order];
+  if (MP_UNLIKELY(m == NULL || m->count >= m->cap ||
+                  mp_load_relaxed(&sl->bytes) + (int64_t)bs >
+                      (int64_t)pool->cfg.stream_cache_bytes)) {
+    slot_exit(sl);
+    return false;
+  }
+  mp_store_relaxed(h, 0); /* claim */
+  m->slot[m->count++] = ptr;
+  slot_bytes_add(sl, (int64_t)bs);
+  slot_exit(sl);
+  mp_owner_add(&tc->st.requested, -(uint64_t)(bs - (w >> MP_HDR_SLACK_SHIFT)));
+  mp_owner_add(&tc->st.frees, 1);
+  return true;
+}
+
+/* CUDA streams: a free recorded into a graph being captured must not make
+ * its block reusable now (graph replays would keep writing it), so every
+ * free asks first; free_async_slow answers MAGPOOL_ECAPTURE. */
+static MP_NOINLINE int free_async_capture(magpool_t *pool, mp_tcache *tc, void *ptr,
+                                          magpool_stream_t s) {
+  if (capture_rc(pool, s) == 0 && free_async_hit(pool, tc, ptr)) return 0;
+  return free_async_full(pool, ptr, s);
+}
+
 int magpool_free_async(magpool_t *pool, void *ptr, magpool_stream_t s) {
   mp_tcache *tc = mp_tls_last;
-  /* A free recorded into a graph being captured must not make its block
-   * reusable now: graph replays would keep writing it.  So on CUDA streams
-   * every free asks first (free_async_slow answers MAGPOOL_ECAPTURE). */
-  if (MP_LIKELY(memo_hit(pool, tc, s)) &&
-      MP_LIKELY(!tc->s_check_capture || S(pool)->ops->capturing(pool->src_ctx, s) == 0)) {
-    size_t off = (size_t)((char *)ptr - tc->r0_base);
-    size_t unit = off >> tc->shift;
-    if (MP_LIKELY(off < tc->r0_bytes && (unit << tc->shift) == off)) {
-      _Atomic uint32_t *h = &tc->r0_hdr[unit];
-      uint32_t w = mp_load_relaxed(h);
-      unsigned order = (w & MP_HDR_ORDER_MASK) - 1; /* ~0u when not live */
-      mp_sslot *sl = tc->s_slot;
-      if (MP_LIKELY(order < tc->s_nclasses && (w & MP_HDR_SCOPE) == 0 && slot_enter(sl))) {
-        size_t bs = (size_t)1 << (order + tc->shift);
-        mp_mag *m = sl->mag[order];
-        if (MP_LIKELY(m != NULL && m->count < m->cap &&
-                      mp_load_relaxed(&sl->bytes) + (int64_t)bs <=
-                          (int64_t)pool->cfg.stream_cache_bytes)) {
-          mp_store_relaxed(h, 0); /* claim */
-          m->slot[m->count++] = ptr;
-          slot_bytes_add(sl, (int64_t)bs);
-          slot_exit(sl);
-          mp_owner_add(&tc->st.requested, -(uint64_t)(bs - (w >> MP_HDR_SLACK_SHIFT)));
-          mp_owner_add(&tc->st.frees, 1);
-          return 0;
-        }
-        slot_exit(sl);
-      }
-    }
+  if (MP_LIKELY(memo_hit(pool, tc, s))) {
+    if (MP_UNLIKELY(tc->s_check_capture)) return free_async_capture(pool, tc, ptr, s);
+    if (MP_LIKELY(free_async_hit(pool, tc, ptr))) return 0;
   }
   return free_async_full(pool, ptr, s);
 }
@@ -747,9 +763,8 @@ int magpool_stream_release(magpool_t *pool, magpool_stream_t s) {
   if (pool == NULL) return MAGPOOL_EINVAL;
   if (no_stream(pool, s)) return 0;
   mp_streams *ss = S(pool);
-  int cap = ss->ops->capturing(pool->src_ctx, s);
-  if (cap < 0) return cap;
-  if (cap > 0) return MAGPOOL_ECAPTURE;
+  int cap = capture_rc(pool, s);
+  if (cap != 0) return cap;
   uint64_t sid;
   int rc = ss->ops->get_id(pool->src_ctx, s, &sid);
   if (rc != 0) return rc;
