@@ -263,12 +263,15 @@ void mp_streams_stats(magpool_t *pool, size_t *cached, size_t *pending) {
   *pending = p > 0 ? (size_t)p : 0;
 }
 
-/* ------------------------------------------------------------ try-lock -- */
+/* ---------------------------------------------------------- entry lock -- */
 
+/* Serialises the slow paths on one entry: thieves (release, trim, the
+ * ladder) and slot creation.  No fast path takes it; the ladder and trim
+ * only try it and skip a busy entry. */
 static inline bool entry_try(mp_sentry *e) {
   int z = 0;
   /* ACQUIRE: pairs with the RELEASE in entry_unlock; the previous
-   * holder's cache writes are visible to us. */
+   * holder's writes (slot list, stolen magazines) are visible to us. */
   return mp_load_relaxed(&e->busy) == 0 &&
          atomic_compare_exchange_strong_explicit(&e->busy, &z, 1, memory_order_acquire,
                                                  memory_order_relaxed);
