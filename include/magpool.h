@@ -230,9 +230,10 @@ MAGPOOL_API int magpool_free_sized(magpool_t *pool, void *ptr, size_t size);
 MAGPOOL_API size_t magpool_usable_size(magpool_t *pool, const void *ptr);
 
 /* Returns everything cached to the tree and completes coalescing: the
- * calling thread's cache, every depot, every stream cache (retired behind
- * its stream's work) and every ready batch of stream frees that has
- * completed.  Caches of threads that have exited were returned when they
+ * calling thread's cache, every depot, every thread's stream cache
+ * (retired behind its stream's work; a cudaStreamPerThread cache is
+ * retired by its own thread, at its next call on the pool) and every ready
+ * batch of stream frees that has completed.  Caches of threads that have exited were returned when they
  * exited.  The caches of other live threads are not touched by trim: each
  * of those threads returns its whole cache for this pool at its next
  * allocation or free on this pool (it sees the pool's trim epoch move).
@@ -300,8 +301,11 @@ MAGPOOL_API int magpool_free_async(magpool_t *pool, void *ptr,
                                    magpool_stream_t s);
 
 /* Call before destroying stream s (or when s will no longer be used with
- * this pool): everything cached for s is retired behind s's pending work,
- * and the pool forgets s.  Does not block.  Returns 0 also when the pool has
+ * this pool), and before beginning a capture on s: every thread's cache of
+ * blocks freed on s is retired behind s's pending work, and the pool
+ * forgets s.  Does not wait for s; it may wait a few microseconds for a
+ * thread that is inside an async call on s.  Must not race async calls on
+ * s itself.  Returns 0 also when the pool has
  * never seen s.  After it, s's handle may be reused for a new stream. */
 MAGPOOL_API int magpool_stream_release(magpool_t *pool, magpool_stream_t s);
 
