@@ -118,7 +118,7 @@ typedef struct magpool_config {
   int device;                /* CUDA device ordinal for DEVICE pools;
                                 default 0                                  */
   size_t thread_cache_bytes; /* most bytes one thread's cache may hold for
-                                this pool; default 16 MiB, and never more
+                                this pool; default 8 MiB, and never more
                                 than pool_size / 8 (larger values are
                                 lowered at creation); 0 disables the
                                 per-thread caches.  Other threads cannot

@@ -24,7 +24,7 @@ void mp_pool_set_source_override(const mp_source_ops *ops) {
 
 #define MP_DEFAULT_POOL_SIZE ((size_t)256 << 20)
 #define MP_DEFAULT_MIN_BLOCK ((size_t)64)
-#define MP_DEFAULT_THREAD_CACHE ((size_t)16 << 20)
+#define MP_DEFAULT_THREAD_CACHE ((size_t)8 << 20)
 #define MP_DEFAULT_CACHE_MAX ((size_t)1 << 20)
 #define MP_DEFAULT_STREAM_CACHE ((size_t)8 << 20)
 #define MP_MAG_MAX_SLOTS 64u

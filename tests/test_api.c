@@ -132,7 +132,7 @@ Test(config, defaults) {
   cr_assert_eq(cfg.min_block, 64);
   cr_assert_eq(cfg.kind, MAGPOOL_MEM_HOST);
   cr_assert_eq(cfg.device, 0);
-  cr_assert_eq(cfg.thread_cache_bytes, 16 * MiB);
+  cr_assert_eq(cfg.thread_cache_bytes, 8 * MiB);
   cr_assert_eq(cfg.cache_max_block, 1 * MiB);
   cr_assert_eq(cfg.stream_cache_bytes, 8 * MiB);
   cr_assert_eq(cfg.capture_check, 1);
