@@ -84,7 +84,8 @@ MAGPOOL_API int magpool_last_cuda_error(void);
 /* Types                                                                    */
 /* ------------------------------------------------------------------------ */
 
-typedef struct magpool magpool_t;
+typedef struct magpool_s magpool_t; /* opaque; the tag is not "magpool", which
+                                       * names the C++ namespace of magpool.hpp */
 
 /* Type-compatible with cudaStream_t (both are struct CUstream_st *).  On a
  * MAGPOOL_MEM_HOST pool it is a host stream (magpool_host_stream_create). */
