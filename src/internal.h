@@ -340,7 +340,7 @@ typedef struct mp_tcache {
   struct mp_tcache *thread_next; /* owner thread's list                */
 } mp_tcache;
 
-struct magpool {
+struct magpool_s {
   uint64_t uid;
   magpool_config_t cfg;
   unsigned min_shift;          /* log2(min_block)                       */
