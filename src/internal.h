@@ -71,6 +71,12 @@
   atomic_compare_exchange_strong_explicit((p), (e), (d), memory_order_relaxed,\
                                           memory_order_relaxed)
 #define mp_exchange_acq_rel(p, v) atomic_exchange_explicit((p), (v), memory_order_acq_rel)
+#define mp_load_seq_cst(p) atomic_load_explicit((p), memory_order_seq_cst)
+#define mp_fetch_or_seq_cst(p, v) atomic_fetch_or_explicit((p), (v), memory_order_seq_cst)
+#define mp_fetch_and_seq_cst(p, v) atomic_fetch_and_explicit((p), (v), memory_order_seq_cst)
+#define mp_cas_weak_seq_cst(p, e, d)                                          \
+  atomic_compare_exchange_weak_explicit((p), (e), (d), memory_order_seq_cst,  \
+                                        memory_order_seq_cst)
 
 /* Single-owner counter bump: the owner is the only writer, readers on other
  * threads use relaxed loads.  Compiles to a plain add; no lock prefix. */

@@ -4,7 +4,7 @@
  * only writer of the bitmaps.  The memory-ordering argument, in one place:
  *
  * (a) Handing a block from its freer to its next owner.  Every change of a
- *     free bit is an atomic RMW with acq_rel order on the bitmap word.  A
+ *     free bit is an atomic RMW, acq_rel or stronger, on the bitmap word.  A
  *     free sets the bit (RELEASE); a claim clears it with a CAS (ACQUIRE).
  *     A merge claims a pair (ACQUIRE) and sets the parent's bit (RELEASE);
  *     a split claims the parent (ACQUIRE) and sets the halves (RELEASE).  So
@@ -15,7 +15,7 @@
  *
  * (b) Summaries never hide a free block for good.  Rule: whoever makes a
  *     word go from zero to nonzero sets its summary bit afterwards (summary
- *     set, RMW acq_rel); whoever clears a summary bit re-reads the word
+ *     set, an RMW); whoever clears a summary bit re-reads the word
  *     afterwards and, if it is nonzero, sets the bit again.  The summary
  *     word's RMWs are totally ordered: either the setter's OR comes after
  *     the clear (bit ends set), or it comes before, and then the clearer's
@@ -23,6 +23,16 @@
  *     sequenced after the setter's write of the word, so the re-read sees
  *     the word nonzero and restores the bit.  Each layer of the 64-ary
  *     hierarchy applies the same rule to the layer below it.
+ *
+ * (d) Setting skips a summary bit that is already set, and claims leave
+ *     the bit of a word they empty set: on the hot path a summary line is
+ *     then only read.  The skip is a store-buffer pattern (setter: RMW the
+ *     word, load the summary; clearer: RMW the summary, load the word), so
+ *     every bitmap and summary access in this file is seq_cst: in the one
+ *     total order, a setter whose load saw the bit came before the clear,
+ *     and the clearer's re-read comes after the setter's RMW of the word.
+ *     On x86 a seq_cst RMW is the same locked instruction as acq_rel, and
+ *     a seq_cst load a plain load.
  *
  * (c) No double claim.  A claim is a CAS that clears one set bit; two
  *     claimers of one bit cannot both succeed.  A pair merge is a CAS that
@@ -103,9 +113,14 @@ void mp_tree_fini(mp_tree *t) {
 static void summary_set(mp_level *lv, unsigned L, uint64_t c) {
   for (; L < lv->nlayers; L++, c /= 64) {
     uint64_t bit = (uint64_t)1 << (c % 64);
-    /* RELEASE: orders the caller's write of word c before this bit, pairs
-     * with the ACQUIRE of the fetch_and in summary_clear (b). */
-    uint64_t old = mp_fetch_or_acq_rel(&lv->layer[L][c / 64], bit);
+    _Atomic uint64_t *sw = &lv->layer[L][c / 64];
+    /* Already set: nothing to do, and no write to a line every thread
+     * reads.  SEQ_CST (with the RMW on word c before it, and with
+     * summary_clear's clear and re-read): if this load sees the bit, it
+     * comes before any clear of it in the single total order, so that
+     * clearer's re-read sees word c nonzero and restores the bit (d). */
+    if (mp_load_seq_cst(sw) & bit) return;
+    uint64_t old = mp_fetch_or_seq_cst(sw, bit);
     if (old != 0) return; /* word was nonzero: its own bit is handled */
   }
 }
@@ -116,9 +131,9 @@ static void summary_clear(mp_level *lv, unsigned L, uint64_t c) {
   for (; L < lv->nlayers; L++, c /= 64) {
     uint64_t bit = (uint64_t)1 << (c % 64);
     _Atomic uint64_t *sw = &lv->layer[L][c / 64];
-    /* ACQUIRE half pairs with summary_set's RELEASE (b). */
-    uint64_t old = mp_fetch_and_acq_rel(sw, ~bit);
-    if (mp_load_acquire(&lv->layer[L - 1][c]) != 0) {
+    /* SEQ_CST: pairs with summary_set (b, d). */
+    uint64_t old = mp_fetch_and_seq_cst(sw, ~bit);
+    if (mp_load_seq_cst(&lv->layer[L - 1][c]) != 0) {
       /* The word refilled in between: restore its bit (and above). */
       summary_set(lv, L, c);
       return;
@@ -134,7 +149,7 @@ static void level_set(mp_level *lv, uint64_t i) {
   uint64_t bit = (uint64_t)1 << (i % 64);
   /* RELEASE: the freer's writes to the block happen before the claim that
    * reads this bit (a). */
-  uint64_t old = mp_fetch_or_acq_rel(&lv->layer[0][i / 64], bit);
+  uint64_t old = mp_fetch_or_seq_cst(&lv->layer[0][i / 64], bit);
   if (MP_DEBUG >= 1 && (old & bit)) __builtin_trap(); /* double release */
   if (old == 0) summary_set(lv, 1, i / 64);
 }
@@ -169,8 +184,11 @@ static int64_t level_claim(mp_level *lv) {
       uint64_t bit = w & (~w + 1); /* lowest set bit: lowest address */
       /* ACQUIRE on success: synchronises with the release that set the
        * bit (a).  On failure w is reloaded and we try the new lowest. */
-      if (mp_cas_weak_acq_rel(wp, &w, w & ~bit)) {
-        if ((w & ~bit) == 0 && lv->nlayers > 1) summary_clear(lv, 1, (uint64_t)wi);
+      if (mp_cas_weak_seq_cst(wp, &w, w & ~bit)) {
+        /* Emptying the word leaves its summary bit set (a stale hint, I3
+         * allows it): the next free into the word then finds the bit set
+         * and writes no summary line.  A finder that meets the empty
+         * word clears the bit. */
         return wi * 64 + mp_ctz64(bit);
       }
     }
@@ -212,9 +230,9 @@ void mp_tree_merge(mp_tree *t, uint64_t off, unsigned order) {
     for (;;) {
       if ((w & pair) != pair) return; /* buddy (or this block) not free */
       /* ACQUIRE: we now own both halves (a, c). */
-      if (mp_cas_weak_acq_rel(wp, &w, w & ~pair)) break;
+      if (mp_cas_weak_seq_cst(wp, &w, w & ~pair)) break;
     }
-    if ((w & ~pair) == 0 && lv->nlayers > 1) summary_clear(lv, 1, i / 64);
+    /* As in level_claim, an emptied word keeps its summary bit. */
     off &= ~(((uint64_t)2 << o) - 1);
     /* RELEASE (in level_set): publish the parent. */
     level_set(&t->level[o + 1], off >> (o + 1));
