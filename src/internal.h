@@ -56,21 +56,14 @@
 #define mp_load_acquire(p) atomic_load_explicit((p), memory_order_acquire)
 #define mp_store_relaxed(p, v) atomic_store_explicit((p), (v), memory_order_relaxed)
 #define mp_store_release(p, v) atomic_store_explicit((p), (v), memory_order_release)
-#define mp_fetch_or_acq_rel(p, v) atomic_fetch_or_explicit((p), (v), memory_order_acq_rel)
-#define mp_fetch_and_acq_rel(p, v) atomic_fetch_and_explicit((p), (v), memory_order_acq_rel)
 #define mp_fetch_add_relaxed(p, v) atomic_fetch_add_explicit((p), (v), memory_order_relaxed)
 #define mp_fetch_add_acq_rel(p, v) atomic_fetch_add_explicit((p), (v), memory_order_acq_rel)
-#define mp_fetch_sub_acq_rel(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_acq_rel)
 #define mp_cas_weak_acq_rel(p, e, d)                                          \
   atomic_compare_exchange_weak_explicit((p), (e), (d), memory_order_acq_rel,  \
                                         memory_order_acquire)
-#define mp_cas_strong_acq_rel(p, e, d)                                        \
-  atomic_compare_exchange_strong_explicit((p), (e), (d), memory_order_acq_rel,\
-                                          memory_order_acquire)
 #define mp_cas_strong_relaxed(p, e, d)                                        \
   atomic_compare_exchange_strong_explicit((p), (e), (d), memory_order_relaxed,\
                                           memory_order_relaxed)
-#define mp_exchange_acq_rel(p, v) atomic_exchange_explicit((p), (v), memory_order_acq_rel)
 #define mp_load_seq_cst(p) atomic_load_explicit((p), memory_order_seq_cst)
 #define mp_fetch_or_seq_cst(p, v) atomic_fetch_or_explicit((p), (v), memory_order_seq_cst)
 #define mp_fetch_and_seq_cst(p, v) atomic_fetch_and_explicit((p), (v), memory_order_seq_cst)
