@@ -1,4 +1,5 @@
-/* errors.c - the one error channel: codes, names, thread-local last error. */
+/* errors.c - the one error channel: codes, names, thread-local last
+ * error.  Layer 0: every layer may call it; it calls nothing. */
 #include "internal.h"
 
 static _Thread_local int tls_last_error;
@@ -13,7 +14,6 @@ void mp_set_cuda_error(int cuda_code) { tls_last_cuda_error = cuda_code; }
 
 int magpool_last_error(void) { return tls_last_error; }
 int magpool_last_cuda_error(void) { return tls_last_cuda_error; }
-int magpool_version(void) { return MAGPOOL_VERSION; }
 
 const char *magpool_strerror(int code) {
   switch (code) {
@@ -27,10 +27,4 @@ const char *magpool_strerror(int code) {
   case MAGPOOL_EBUSY: return "resource busy";
   default: return "unknown magpool error code";
   }
-}
-
-size_t magpool_align_up(size_t n, size_t align) {
-  if (align == 0 || (align & (align - 1)) != 0) return 0;
-  if (n > SIZE_MAX - (align - 1)) return 0;
-  return (n + align - 1) & ~(align - 1);
 }

@@ -3,7 +3,7 @@
  * growable array of the blocks it handed out.  Scope blocks carry the
  * MP_HDR_SCOPE bit, so magpool_free refuses them (MAGPOOL_EINVAL) and the
  * scope can never free a block that went back to the pool behind its back
- * and was handed to someone else. */
+ * and was handed to someone else.  Layer 5. */
 #include "internal.h"
 
 #include <stdlib.h>

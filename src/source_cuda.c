@@ -1,6 +1,6 @@
 /* source_cuda.c - CUDA memory sources: device memory (cudaMalloc) and
  * pinned host memory (cudaHostAlloc).  Built in every configuration; with
- * no CUDA in the build they fail with MAGPOOL_ENODEV at open. */
+ * no CUDA in the build they fail with MAGPOOL_ENODEV at open.  Layer 1. */
 #include "internal.h"
 
 #include <stdlib.h>

@@ -1,5 +1,4 @@
-/* source_host.c - host memory sources: anonymous mmap, and a test source
- * that fails on demand. */
+/* source_host.c - the host memory source: anonymous mmap.  Layer 1. */
 #include "internal.h"
 
 #include <sys/mman.h>
@@ -43,36 +42,6 @@ const mp_source_ops mp_source_host = {
   .reserve = host_reserve,
   .release = host_release,
   .commit = NULL, /* anonymous memory is backed on touch */
-  .decommit = host_decommit,
-  .open = NULL,
-  .close = NULL,
-};
-
-/* ---------------------------------------------------------------- failing */
-
-static _Atomic long fail_countdown = -1; /* < 0: disarmed */
-
-void mp_source_failing_arm(long countdown) {
-  mp_store_relaxed(&fail_countdown, countdown);
-}
-
-static int failing_reserve(void *ctx, size_t size, void **base) {
-  long c = mp_load_relaxed(&fail_countdown);
-  while (c >= 0) {
-    if (c == 0) return MAGPOOL_ENOMEM;
-    if (atomic_compare_exchange_weak_explicit(&fail_countdown, &c, c - 1,
-                                              memory_order_relaxed,
-                                              memory_order_relaxed))
-      break;
-  }
-  return host_reserve(ctx, size, base);
-}
-
-const mp_source_ops mp_source_failing = {
-  .name = "failing",
-  .reserve = failing_reserve,
-  .release = host_release,
-  .commit = NULL,
   .decommit = host_decommit,
   .open = NULL,
   .close = NULL,

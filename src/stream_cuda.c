@@ -1,5 +1,6 @@
 /* stream_cuda.c - stream ordering on CUDA streams: ids from
  * cudaStreamGetId, retire callbacks through cudaStreamAddCallback.
+ * Layer 1.
  * Without CUDA in the build every operation answers MAGPOOL_ENODEV (no
  * DEVICE or PINNED pool can exist then anyway). */
 #include "internal.h"
@@ -102,6 +103,10 @@ static int nocuda_sync(void *dev, magpool_stream_t s) {
   (void)dev; (void)s;
   return MAGPOOL_ENODEV;
 }
+static int nocuda_capturing(void *dev, magpool_stream_t s) {
+  (void)dev; (void)s;
+  return MAGPOOL_ENODEV;
+}
 static int nocuda_sync_all(void *dev) {
   (void)dev;
   return MAGPOOL_ENODEV;
@@ -116,7 +121,7 @@ const mp_stream_ops mp_cuda_stream_ops = {
   .get_id = nocuda_get_id,
   .after = nocuda_after,
   .sync = nocuda_sync,
-  .capturing = nocuda_sync,
+  .capturing = nocuda_capturing,
   .sync_all = nocuda_sync_all,
   .per_thread = nocuda_per_thread,
   .check_capture = true,

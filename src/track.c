@@ -1,4 +1,5 @@
 /* track.c - allocation tracking (pointer, size, tag) and leak checks.
+ * Layer 5.
  * Off by default.  While on, every allocation and free of the pool takes
  * one mutex and updates an open-addressing hash table; that is the price
  * of a debugging aid, and it is kept out of the untracked fast path by one
@@ -10,17 +11,17 @@
 
 static _Thread_local const char *tls_tag;
 
-typedef struct ent {
+typedef struct mp_track_ent {
   void *p; /* NULL: empty; TOMB: deleted */
   size_t size;
   const char *tag;
-} ent;
+} mp_track_ent;
 
-typedef struct track {
+typedef struct mp_track {
   pthread_mutex_t lk;
-  ent *tab;
+  mp_track_ent *tab;
   size_t cap, n, used; /* used counts tombstones too */
-} track;
+} mp_track;
 
 #define TOMB ((void *)1)
 
@@ -34,11 +35,11 @@ static size_t hash_ptr(const void *p, size_t cap) {
   return (size_t)x & (cap - 1);
 }
 
-static int rehash(track *t, size_t cap) {
-  ent *nt = calloc(cap, sizeof *nt);
+static int rehash(mp_track *t, size_t cap) {
+  mp_track_ent *nt = calloc(cap, sizeof *nt);
   if (nt == NULL) return MAGPOOL_ENOMEM;
   for (size_t i = 0; i < t->cap; i++) {
-    ent *e = &t->tab[i];
+    mp_track_ent *e = &t->tab[i];
     if (e->p == NULL || e->p == TOMB) continue;
     size_t j = hash_ptr(e->p, cap);
     while (nt[j].p != NULL) j = (j + 1) & (cap - 1);
@@ -58,7 +59,7 @@ int magpool_tracking_enable(magpool_t *pool, int on) {
   if (on) {
     if (mp_load_relaxed(&pool->tracking)) return 0;
     if (st.live_count != 0) return MAGPOOL_EBUSY;
-    track *t = pool->track;
+    mp_track *t = pool->track;
     if (t == NULL) {
       t = calloc(1, sizeof *t);
       if (t == NULL) return MAGPOOL_ENOMEM;
@@ -81,7 +82,7 @@ int magpool_tracking_enable(magpool_t *pool, int on) {
 }
 
 void mp_track_on_alloc(magpool_t *pool, void *p, size_t size) {
-  track *t = pool->track;
+  mp_track *t = pool->track;
   pthread_mutex_lock(&t->lk);
   if ((t->used + 1) * 2 > t->cap && rehash(t, t->n * 4 > t->cap ? t->cap * 2 : t->cap) != 0) {
     pthread_mutex_unlock(&t->lk); /* out of host memory: not recorded */
@@ -98,7 +99,7 @@ void mp_track_on_alloc(magpool_t *pool, void *p, size_t size) {
 }
 
 void mp_track_on_free(magpool_t *pool, void *p) {
-  track *t = pool->track;
+  mp_track *t = pool->track;
   pthread_mutex_lock(&t->lk);
   size_t j = hash_ptr(p, t->cap);
   while (t->tab[j].p != NULL) {
@@ -116,12 +117,12 @@ long magpool_leak_check(magpool_t *pool,
                         void (*fn)(void *ptr, size_t size, const char *tag, void *arg),
                         void *arg) {
   if (pool == NULL) return MAGPOOL_EINVAL;
-  track *t = pool->track;
+  mp_track *t = pool->track;
   if (t == NULL || !mp_load_acquire(&pool->tracking)) return MAGPOOL_ENOTSUP;
   long count = 0;
   pthread_mutex_lock(&t->lk);
   for (size_t i = 0; i < t->cap; i++) {
-    ent *e = &t->tab[i];
+    mp_track_ent *e = &t->tab[i];
     if (e->p == NULL || e->p == TOMB) continue;
     if (fn != NULL) fn(e->p, e->size, e->tag, arg);
     count++;
@@ -131,7 +132,7 @@ long magpool_leak_check(magpool_t *pool,
 }
 
 void mp_track_destroy(magpool_t *pool) {
-  track *t = pool->track;
+  mp_track *t = pool->track;
   if (t == NULL) return;
   pthread_mutex_destroy(&t->lk);
   free(t->tab);

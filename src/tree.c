@@ -1,6 +1,7 @@
 /* tree.c - the lock-free buddy tree.
  *
- * See internal.h for the data layout and invariants I1-I4.  This file is the
+ * See tree.h for the data layout and invariants I1-I4.  Layer 2; it
+ * knows units only, and calls nothing of magpool's.  This file is the
  * only writer of the bitmaps.  The memory-ordering argument, in one place:
  *
  * (a) Handing a block from its freer to its next owner.  Every change of a
@@ -24,23 +25,35 @@
  *     the word nonzero and restores the bit.  Each layer of the 64-ary
  *     hierarchy applies the same rule to the layer below it.
  *
- * (d) Setting skips a summary bit that is already set, and claims leave
+ * (c) Setting skips a summary bit that is already set, and claims leave
  *     the bit of a word they empty set: on the hot path a summary line is
  *     then only read.  The skip is a store-buffer pattern (setter: RMW the
- *     word, load the summary; clearer: RMW the summary, load the word), so
- *     every bitmap and summary access in this file is seq_cst: in the one
- *     total order, a setter whose load saw the bit came before the clear,
- *     and the clearer's re-read comes after the setter's RMW of the word.
- *     On x86 a seq_cst RMW is the same locked instruction as acq_rel, and
- *     a seq_cst load a plain load.
+ *     word, then load the summary, in summary_set; clearer: RMW the
+ *     summary, then load the word, in summary_clear), so those four
+ *     accesses, and every RMW of a bitmap or summary word, are seq_cst: in
+ *     the one total order, a setter whose load saw the bit came before the
+ *     clear, and the clearer's re-read comes after the setter's RMW of the
+ *     word.  On x86 a seq_cst RMW is the same locked instruction as
+ *     acq_rel, and a seq_cst load a plain load.
+ *     The other loads are ACQUIRE, and take no part in that argument:
+ *       - level_find_word's summary reads and the first read of a word in
+ *         level_claim and mp_tree_merge only pick a candidate; the seq_cst
+ *         CAS that follows re-validates it (a stale read costs a retry or
+ *         a restart, never a wrong claim);
+ *       - mp_tree_coalesce_all's scan only proposes pairs to
+ *         mp_tree_merge, which claims them with a CAS;
+ *       - level_any_below and mp_tree_is_free are queries whose answer is
+ *         a snapshot by contract (exact only on a quiescent tree).
+ *     Acquire there (rather than relaxed) keeps a reader that acts on a
+ *     set bit ordered after the release that set it.
  *
- * (c) No double claim.  A claim is a CAS that clears one set bit; two
+ * (d) No double claim.  A claim is a CAS that clears one set bit; two
  *     claimers of one bit cannot both succeed.  A pair merge is a CAS that
  *     clears both bits of one word at once, so it cannot race a claim of
  *     either half.  ABA on a word is harmless: the CAS only asks "is this
  *     bit set now", never "is this the same block as before".
  */
-#include "internal.h"
+#include "tree.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -118,7 +131,7 @@ static void summary_set(mp_level *lv, unsigned L, uint64_t c) {
      * reads.  SEQ_CST (with the RMW on word c before it, and with
      * summary_clear's clear and re-read): if this load sees the bit, it
      * comes before any clear of it in the single total order, so that
-     * clearer's re-read sees word c nonzero and restores the bit (d). */
+     * clearer's re-read sees word c nonzero and restores the bit (c). */
     if (mp_load_seq_cst(sw) & bit) return;
     uint64_t old = mp_fetch_or_seq_cst(sw, bit);
     if (old != 0) return; /* word was nonzero: its own bit is handled */
@@ -131,7 +144,7 @@ static void summary_clear(mp_level *lv, unsigned L, uint64_t c) {
   for (; L < lv->nlayers; L++, c /= 64) {
     uint64_t bit = (uint64_t)1 << (c % 64);
     _Atomic uint64_t *sw = &lv->layer[L][c / 64];
-    /* SEQ_CST: pairs with summary_set (b, d). */
+    /* SEQ_CST: pairs with summary_set (b, c). */
     uint64_t old = mp_fetch_and_seq_cst(sw, ~bit);
     if (mp_load_seq_cst(&lv->layer[L - 1][c]) != 0) {
       /* The word refilled in between: restore its bit (and above). */
@@ -147,10 +160,10 @@ static void summary_clear(mp_level *lv, unsigned L, uint64_t c) {
 /* Sets bit i of level o's free bitmap: block (o, i) becomes free. */
 static void level_set(mp_level *lv, uint64_t i) {
   uint64_t bit = (uint64_t)1 << (i % 64);
-  /* RELEASE: the freer's writes to the block happen before the claim that
-   * reads this bit (a). */
+  /* The RELEASE half of this seq_cst RMW: the freer's writes to the block
+   * happen before the claim that reads this bit (a). */
   uint64_t old = mp_fetch_or_seq_cst(&lv->layer[0][i / 64], bit);
-  if (MP_DEBUG >= 1 && (old & bit)) __builtin_trap(); /* double release */
+  mp_assert((old & bit) == 0); /* double release */
   if (old == 0) summary_set(lv, 1, i / 64);
 }
 
@@ -229,7 +242,7 @@ void mp_tree_merge(mp_tree *t, uint64_t off, unsigned order) {
     uint64_t w = mp_load_acquire(wp);
     for (;;) {
       if ((w & pair) != pair) return; /* buddy (or this block) not free */
-      /* ACQUIRE: we now own both halves (a, c). */
+      /* ACQUIRE: we now own both halves (a, d). */
       if (mp_cas_weak_seq_cst(wp, &w, w & ~pair)) break;
     }
     /* As in level_claim, an emptied word keeps its summary bit. */

@@ -1,4 +1,5 @@
-/* hoststream.c - host streams: in-order executors on a host thread.
+/* stream_host.c - host streams: in-order executors on a host thread, and
+ * the pool's stream-ordering ops on them (mp_host_stream_ops).  Layer 1.
  *
  * A host stream stands in for a CUDA stream where there is no GPU (CI, the
  * stress harness, users of MAGPOOL_MEM_HOST pools).  It is one worker thread
@@ -44,17 +45,13 @@
  * from a process-wide 64-bit counter starting at 1: never 0, never reused,
  * unlike the handle's address.
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* pthread_setname_np */
-#endif
+#include "internal.h"
 
 #include <errno.h>
-#include <pthread.h>
+#include <pthread.h> /* pthread_setname_np: _GNU_SOURCE, set by the build */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "internal.h"
 
 /* "mpHSTRM1" / "mpHSdead" */
 #define MP_HS_MAGIC_LIVE 0x314d525453487066ull
@@ -183,7 +180,7 @@ int magpool_host_stream_create(magpool_stream_t *out) {
   /* The caller publishes the handle; pthread_create ordered the fields
    * above before the worker's first read. */
   *out = (magpool_stream_t)(void *)hs;
-  return MAGPOOL_OK;
+  return 0;
 
 fail_thread:
   mp_store_relaxed(&hs->magic, 0);
@@ -230,7 +227,7 @@ int magpool_host_stream_launch(magpool_stream_t s, void (*fn)(void *arg),
    * fn; pairs with the worker's lock before it dequeues. */
   pthread_cond_signal(&hs->work_cv);
   pthread_mutex_unlock(&hs->lock);
-  return MAGPOOL_OK;
+  return 0;
 }
 
 /* Waits, with hs->lock held, until `completed` reaches target. */
@@ -259,7 +256,7 @@ int magpool_host_stream_sync(magpool_stream_t s) {
   pthread_mutex_lock(&hs->lock);
   mp_hs_wait_locked(hs, hs->launched);
   pthread_mutex_unlock(&hs->lock);
-  return MAGPOOL_OK;
+  return 0;
 }
 
 /* Contract: runs everything queued on s (including what those tasks launch
@@ -298,5 +295,67 @@ int magpool_host_stream_destroy(magpool_stream_t s) {
   pthread_mutex_destroy(&hs->lock);
   mp_store_relaxed(&hs->magic, 0);
   free(hs);
-  return MAGPOOL_OK;
+  return 0;
 }
+
+/* ------------------------------------------------------ ordering ops -- */
+
+static int host_get_id(void *dev, magpool_stream_t s, uint64_t *id) {
+  (void)dev;
+  if (!mp_host_stream_valid(s)) return MAGPOOL_EINVAL;
+  *id = mp_host_stream_id(s);
+  return 0;
+}
+
+typedef struct host_cb {
+  void (*fn)(void *arg, int status);
+  void *arg;
+} host_cb;
+
+static void host_trampoline(void *arg) {
+  host_cb c = *(host_cb *)arg;
+  free(arg);
+  c.fn(c.arg, 0);
+}
+
+static int host_after(void *dev, magpool_stream_t s, void (*fn)(void *, int), void *arg) {
+  (void)dev;
+  host_cb *c = malloc(sizeof *c);
+  if (c == NULL) return MAGPOOL_ENOMEM;
+  c->fn = fn;
+  c->arg = arg;
+  int rc = magpool_host_stream_launch(s, host_trampoline, c);
+  if (rc != 0) free(c);
+  return rc;
+}
+
+static int host_sync(void *dev, magpool_stream_t s) {
+  (void)dev;
+  return magpool_host_stream_sync(s);
+}
+
+static int host_capturing(void *dev, magpool_stream_t s) {
+  (void)dev;
+  (void)s;
+  return 0;
+}
+
+static int host_sync_all(void *dev) {
+  (void)dev;
+  return MAGPOOL_ENOTSUP;
+}
+
+static bool host_per_thread(magpool_stream_t s) {
+  (void)s;
+  return false;
+}
+
+const mp_stream_ops mp_host_stream_ops = {
+  .per_thread = host_per_thread,
+  .check_capture = false,
+  .get_id = host_get_id,
+  .after = host_after,
+  .sync = host_sync,
+  .capturing = host_capturing,
+  .sync_all = host_sync_all,
+};

@@ -1,0 +1,206 @@
+/* alloc_async.c - the stream-ordered entry points: magpool_alloc_async,
+ * magpool_free_async, magpool_stream_release.  Layer 5.
+ *
+ * The fast paths: the calling thread's memo names its slot for s, no thief
+ * holds the slot, and the slot's magazine for the class has a block
+ * (alloc) or room (free), for a block of region 0.  No atomic RMW, no
+ * lock, no shared write but the block's header.  Anything else takes the
+ * full path, which repeats every check.  A miss calls the validated
+ * internal paths of alloc.c (any block free for the whole pool is free
+ * for s too), never the public entry points.
+ */
+#include "alloc.h"
+#include "stream_cache.h"
+
+/* The memo: the record's slot for s, while neither a trim nor a stream
+ * release has happened since.  Relaxed epochs: hints, see thread.h. */
+MP_INLINE bool memo_hit(magpool_t *pool, mp_tcache *tc, magpool_stream_t s) {
+  return mp_tcache_current(tc, pool) && tc->s_slot != NULL && tc->s_handle == s &&
+         tc->s_epoch == mp_load_relaxed(&pool->stream_epoch);
+}
+
+MP_INLINE int memo_get(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_sslot **out) {
+  if (MP_LIKELY(tc->s_slot != NULL && tc->s_handle == s &&
+                tc->s_epoch == mp_load_relaxed(&pool->stream_epoch))) {
+    *out = tc->s_slot;
+    return 0;
+  }
+  return mp_slot_lookup(pool, tc, s, out);
+}
+
+/* ------------------------------------------------------------------ alloc */
+
+static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_stream_t s) {
+  if (MP_UNLIKELY(pool == NULL)) return mp_fail(MAGPOOL_EINVAL);
+  mp_sslot *sl = NULL;
+  unsigned order;
+  mp_tcache *tc;
+  if (mp_no_stream(pool, s)) {
+    if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
+    if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
+    return mp_alloc_order(pool, tc, order, size, 0);
+  }
+  if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
+  int rc = memo_get(pool, tc, s, &sl);
+  if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
+  if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
+  if (order < pool->s_nclasses && sl != NULL) {
+    void *p = mp_slot_pop_owner(pool, sl, order);
+    if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
+  }
+  return mp_alloc_order(pool, tc, order, size, 0);
+}
+
+void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
+  MP_DBG_ENTER(pool);
+  void *ret;
+  mp_tcache *tc = mp_tls_last;
+  if (MP_LIKELY(memo_hit(pool, tc, s) && size <= tc->s_cache_max)) {
+    unsigned order = mp_cached_order(tc, size);
+    mp_sslot *sl = tc->s_slot;
+    if (MP_LIKELY(mp_slot_enter_owner(sl))) {
+      mp_mag *m = sl->mag[order];
+      if (MP_LIKELY(m != NULL && m->count != 0)) {
+        char *p = m->slot[m->count - 1];
+        size_t off = (size_t)(p - tc->r0_base);
+        if (MP_LIKELY(off < tc->r0_bytes)) {
+          size_t bs = (size_t)1 << (order + tc->shift);
+          m->count--;
+          mp_slot_bytes_add(sl, -(int64_t)bs);
+          mp_slot_exit_owner(sl);
+          mp_store_relaxed(&tc->r0_hdr[off >> tc->shift], mp_hdr_make_small(order, bs - size, 0));
+          mp_owner_add(&tc->st.requested, size);
+          mp_owner_add(&tc->st.allocs, 1);
+          ret = p;
+          goto out;
+        }
+      }
+      mp_slot_exit_owner(sl);
+    }
+  }
+  ret = alloc_async_full(pool, size, s);
+out:
+  MP_DBG_LEAVE(pool);
+  return ret;
+}
+
+/* ------------------------------------------------------------------- free */
+
+/* The slow half of free_async, after the header was validated but not yet
+ * claimed. */
+static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot *sl,
+                                       magpool_stream_t s, void *p, _Atomic uint32_t *h,
+                                       unsigned order, size_t req) {
+  /* Anything past this point may enqueue a callback: not during capture. */
+  int cap = mp_capture_rc(pool, s);
+  if (cap != 0) return cap;
+  mp_hdr_clear(h); /* claim: from here on the block is ours */
+  if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, p);
+  mp_owner_add(&tc->st.requested, -(uint64_t)req);
+  mp_owner_add(&tc->st.frees, 1);
+  if (order < pool->s_nclasses && sl != NULL && mp_slot_push_owner(pool, sl, s, p, order))
+    return 0;
+  /* Uncached: retire this block alone. */
+  mp_mag *m = mp_mag_new(pool, order);
+  if (m == NULL) { /* no host memory: wait for the stream instead */
+    pool->sops->sync(pool->src_ctx, s);
+    mp_region_give(pool, &tc->acct, p, order);
+    return 0;
+  }
+  m->slot[0] = p;
+  m->count = 1;
+  mp_store_relaxed(&m->next, NULL);
+  mp_retire_chain(pool, sl != NULL ? &sl->e->pending : NULL, s, m);
+  return 0;
+}
+
+static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_stream_t s) {
+  if (MP_UNLIKELY(pool == NULL)) return MAGPOOL_EINVAL;
+  if (ptr == NULL) return 0;
+  /* Validate without claiming: nothing may change on an error. */
+  _Atomic uint32_t *h;
+  unsigned order;
+  size_t req;
+  if (mp_no_stream(pool, s)) {
+    int vr = mp_block_validate(pool, ptr, 0, false, false, &h, &order, &req);
+    if (MP_UNLIKELY(vr != 0)) return vr;
+    mp_free_validated(pool, mp_tcache_get(pool), ptr, h, order, req);
+    return 0;
+  }
+  mp_tcache *tc = mp_tcache_get(pool);
+  if (MP_UNLIKELY(tc == NULL)) return MAGPOOL_ENOMEM;
+  mp_sslot *sl;
+  int rc = memo_get(pool, tc, s, &sl);
+  if (MP_UNLIKELY(rc != 0)) return rc;
+  int vr = mp_block_validate(pool, ptr, 0, false, false, &h, &order, &req);
+  if (MP_UNLIKELY(vr != 0)) return vr;
+  return free_async_slow(pool, tc, sl, s, ptr, h, order, req);
+}
+
+/* The free fast path proper: true if it freed ptr into the thread's slot.
+ * No calls, so the inline caller needs no stack frame. */
+MP_INLINE bool free_async_hit(magpool_t *pool, mp_tcache *tc, void *ptr) {
+  _Atomic uint32_t *h = mp_tcache_r0_hdr(tc, ptr);
+  if (MP_UNLIKELY(h == NULL)) return false;
+  uint32_t w = mp_hdr_read(h);
+  unsigned order = mp_hdr_order(w); /* ~0u when not live */
+  mp_sslot *sl = tc->s_slot;
+  if (MP_UNLIKELY(order >= tc->s_nclasses || mp_hdr_scoped(w) || !mp_slot_enter_owner(sl)))
+    return false;
+  size_t bs = (size_t)1 << (order + tc->shift);
+  mp_mag *m = sl->mag[order];
+  if (MP_UNLIKELY(m == NULL || m->count >= m->cap ||
+                  mp_load_relaxed(&sl->bytes) + (int64_t)bs >
+                      (int64_t)pool->cfg.stream_cache_bytes)) {
+    mp_slot_exit_owner(sl);
+    return false;
+  }
+  mp_hdr_clear(h); /* claim */
+  m->slot[m->count++] = ptr;
+  mp_slot_bytes_add(sl, (int64_t)bs);
+  mp_slot_exit_owner(sl);
+  mp_owner_add(&tc->st.requested, -(uint64_t)(bs - mp_hdr_slack_small(w)));
+  mp_owner_add(&tc->st.frees, 1);
+  return true;
+}
+
+/* CUDA streams: a free recorded into a graph being captured must not make
+ * its block reusable now (graph replays would keep writing it), so every
+ * free asks first; free_async_slow answers MAGPOOL_ECAPTURE. */
+static MP_NOINLINE int free_async_capture(magpool_t *pool, mp_tcache *tc, void *ptr,
+                                          magpool_stream_t s) {
+  if (mp_capture_rc(pool, s) == 0 && free_async_hit(pool, tc, ptr)) return 0;
+  return free_async_full(pool, ptr, s);
+}
+
+static inline int free_async_impl(magpool_t *pool, void *ptr, magpool_stream_t s) {
+  mp_tcache *tc = mp_tls_last;
+  if (MP_LIKELY(memo_hit(pool, tc, s))) {
+    if (MP_UNLIKELY(tc->s_check_capture)) return free_async_capture(pool, tc, ptr, s);
+    if (MP_LIKELY(free_async_hit(pool, tc, ptr))) return 0;
+  }
+  return free_async_full(pool, ptr, s);
+}
+
+int magpool_free_async(magpool_t *pool, void *ptr, magpool_stream_t s) {
+  MP_DBG_ENTER(pool);
+  int rc = free_async_impl(pool, ptr, s);
+  MP_DBG_LEAVE(pool);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- release */
+
+int magpool_stream_release(magpool_t *pool, magpool_stream_t s) {
+  if (pool == NULL) return MAGPOOL_EINVAL;
+  if (mp_no_stream(pool, s)) return 0;
+  int cap = mp_capture_rc(pool, s);
+  if (cap != 0) return cap;
+  uint64_t sid;
+  int rc = pool->sops->get_id(pool->src_ctx, s, &sid);
+  if (rc != 0) return rc;
+  MP_DBG_ENTER(pool);
+  mp_streams_release(pool, sid, s);
+  MP_DBG_LEAVE(pool);
+  return 0;
+}

@@ -1,0 +1,81 @@
+/* base.h - macros, limits, debug tiers and bit helpers every file uses.
+ * No types of the pool and no code that calls into a .c file. */
+#ifndef MAGPOOL_BASE_H
+#define MAGPOOL_BASE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "magpool.h"
+
+/* ---------------------------------------------------------------- limits */
+
+#define MP_MAX_REGIONS 64 /* growth steps a pool can take                 */
+#define MP_MAX_ORDER 48   /* largest block: min_block << MP_MAX_ORDER     */
+#define MP_MAX_CLASSES 24 /* cached orders (thread and stream caches)     */
+#define MP_MAG_SLOTS 64u  /* blocks a magazine can hold: every class's cap
+                             is a power of two <= this (pool.c), and
+                             mp_blocks_give's merge stack is sized by it   */
+#define MP_CACHELINE 64
+
+/* ---------------------------------------------------------------- macros */
+
+#define MP_LIKELY(x) __builtin_expect(!!(x), 1)
+#define MP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define MP_NOINLINE __attribute__((noinline))
+#define MP_INLINE static inline __attribute__((always_inline))
+
+/* ThreadSanitizer build?  Used only in the form `if (MP_TSAN)`. */
+#if defined(__SANITIZE_THREAD__)
+#define MP_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MP_TSAN 1
+#endif
+#endif
+#ifndef MP_TSAN
+#define MP_TSAN 0
+#endif
+
+/* ----------------------------------------------------------- debug tiers */
+
+/* MP_DEBUG (CMake: MAGPOOL_DEBUG)
+ *   0  release: no checks
+ *   1  mp_assert: cheap checks of preconditions and local invariants
+ *   2  also mp_assert_expensive: whole-structure checkers (mp_tree_check,
+ *      magpool_check) at every quiescent magpool_trim and at destroy
+ * A failed check traps at once: the state that broke it is still there
+ * for the debugger. */
+#ifndef MP_DEBUG
+#define MP_DEBUG 0
+#endif
+
+#define mp_assert(c)                                                           \
+  do {                                                                         \
+    if (MP_DEBUG >= 1 && !(c)) __builtin_trap();                               \
+  } while (0)
+#define mp_assert_expensive(c)                                                 \
+  do {                                                                         \
+    if (MP_DEBUG >= 2 && !(c)) __builtin_trap();                               \
+  } while (0)
+
+/* ----------------------------------------------------------- bit helpers */
+
+static inline unsigned mp_ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
+static inline unsigned mp_clz64(uint64_t x) { return (unsigned)__builtin_clzll(x); }
+/* ceil(log2(x)) for x >= 1 */
+static inline unsigned mp_log2_ceil(uint64_t x) {
+  return x <= 1 ? 0 : 64u - mp_clz64(x - 1);
+}
+static inline unsigned mp_log2_floor(uint64_t x) { return 63u - mp_clz64(x); }
+
+/* --------------------------------------------------------------- errors.c */
+
+/* Sets the calling thread's last error; returns NULL for tail calls from
+ * allocation functions.  Threads: any.  Orders: nothing (thread-local). */
+void *mp_fail(int code);
+/* Remembers the CUDA error behind the last MAGPOOL_ECUDA of this thread. */
+void mp_set_cuda_error(int cuda_code);
+
+#endif /* MAGPOOL_BASE_H */

@@ -1,0 +1,202 @@
+/* region.c - regions and growth, and every hand-off between the caches and
+ * the trees: take, give, the sorted batch give-back that does the lazy
+ * coalescing, and the accounting of tree traffic.  Layer 2.
+ *
+ * A pool is 1..MP_MAX_REGIONS regions.  Regions are only appended (growth,
+ * under grow_lock; nregions is published with a RELEASE store after the
+ * region is complete, and every reader loads it with ACQUIRE) and freed at
+ * destroy.  Each has its own tree and header table.
+ *
+ * Accounting: every block taken from or given to a tree moves the caller's
+ * mp_acct (held, and tree_delta).  tree_delta reaches the pool's shared
+ * tree_out and peak counters in steps of MP_PEAK_BATCH, so that a slow path
+ * rarely writes a shared line.
+ */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+/* Tree usage reaches the shared peak counter in steps of this size: the
+ * random workload's refills and flushes of large classes made a smaller
+ * step a contended atomic on most slow paths. */
+#define MP_PEAK_BATCH ((int64_t)4 << 20)
+
+/* --------------------------------------------------------------- regions */
+
+int mp_region_add(magpool_t *pool, size_t bytes) {
+  unsigned n = mp_load_relaxed(&pool->nregions);
+  if (n >= MP_MAX_REGIONS) return MAGPOOL_ENOMEM;
+  mp_region *r = calloc(1, sizeof *r);
+  if (r == NULL) return MAGPOOL_ENOMEM;
+  r->bytes = bytes;
+  r->nunits = bytes >> pool->min_shift;
+  int rc = mp_tree_init(&r->tree, r->nunits);
+  if (rc != 0) goto fail_r;
+  r->hdr_bytes = (size_t)r->nunits * sizeof(uint32_t);
+  void *h = mmap(NULL, r->hdr_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (h == MAP_FAILED) { rc = MAGPOOL_ENOMEM; goto fail_tree; }
+  r->hdr = h;
+  void *base = NULL;
+  rc = pool->src->reserve(pool->src_ctx, bytes, &base);
+  if (rc != 0) goto fail_hdr;
+  r->base = base;
+  pool->regions[n] = r;
+  /* RELEASE: the region is fully built before readers of nregions
+   * (mp_region_of, ACQUIRE) can reach it. */
+  mp_store_release(&pool->nregions, n + 1);
+  mp_fetch_add_relaxed(&pool->reserved, bytes);
+  return 0;
+fail_hdr:
+  munmap(r->hdr, r->hdr_bytes);
+fail_tree:
+  mp_tree_fini(&r->tree);
+fail_r:
+  free(r);
+  return rc;
+}
+
+void mp_region_destroy(magpool_t *pool, mp_region *r) {
+  pool->src->release(pool->src_ctx, r->base, r->bytes);
+  munmap(r->hdr, r->hdr_bytes);
+  mp_tree_fini(&r->tree);
+  free(r);
+}
+
+int mp_region_grow(magpool_t *pool, unsigned order, unsigned seen) {
+  if (!pool->cfg.allow_growth) return MAGPOOL_ENOMEM;
+  pthread_mutex_t *lk = pool->grow_lock;
+  pthread_mutex_lock(lk);
+  int rc = 0;
+  if (mp_load_relaxed(&pool->nregions) != seen) goto out;
+  size_t need = mp_block_bytes(pool, order);
+  size_t have = mp_load_relaxed(&pool->reserved);
+  size_t size = have > need ? have : need; /* double, at least the block */
+  if (pool->cfg.max_pool_size != 0) {
+    size_t room = pool->cfg.max_pool_size > have ? pool->cfg.max_pool_size - have : 0;
+    room &= ~(pool->cfg.min_block - 1);
+    if (room < need) { rc = MAGPOOL_ENOMEM; goto out; }
+    if (size > room) size = room;
+  }
+  for (;;) {
+    rc = mp_region_add(pool, size);
+    if (rc == 0 || size == need) break;
+    size = size / 2 > need ? (size / 2) & ~(pool->cfg.min_block - 1) : need;
+  }
+  if (rc == 0) mp_fetch_add_relaxed(&pool->grow_count, 1);
+out:
+  pthread_mutex_unlock(lk);
+  return rc;
+}
+
+void mp_regions_coalesce(magpool_t *pool) {
+  unsigned n = mp_load_acquire(&pool->nregions);
+  for (unsigned i = 0; i < n; i++) mp_tree_coalesce_all(&pool->regions[i]->tree);
+}
+
+/* ------------------------------------------------------------ accounting */
+
+void mp_acct_flush(magpool_t *pool, mp_acct *a) {
+  int64_t d = a->tree_delta;
+  a->tree_delta = 0;
+  int64_t now = mp_fetch_add_relaxed(&pool->tree_out, d) + d;
+  mp_max_relaxed(&pool->peak, now);
+}
+
+void mp_acct_settle(magpool_t *pool, mp_acct *a) {
+  mp_acct_flush(pool, a);
+  mp_fetch_add_relaxed(&pool->held_extra, mp_load_relaxed(&a->held));
+  mp_store_relaxed(&a->held, 0);
+}
+
+static inline void acct_add(magpool_t *pool, mp_acct *a, int64_t d) {
+  mp_owner_add(&a->held, (uint64_t)d);
+  a->tree_delta += d;
+  if (a->tree_delta >= MP_PEAK_BATCH || a->tree_delta <= -MP_PEAK_BATCH) mp_acct_flush(pool, a);
+}
+
+/* ------------------------------------------------------------- hand-offs */
+
+void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order) {
+  unsigned n = mp_load_acquire(&pool->nregions);
+  for (unsigned i = 0; i < n; i++) {
+    mp_region *r = pool->regions[i];
+    if (order > r->tree.top) continue;
+    int64_t off = mp_tree_alloc(&r->tree, order);
+    if (off >= 0) {
+      acct_add(pool, a, (int64_t)mp_block_bytes(pool, order));
+      return r->base + ((size_t)off << pool->min_shift);
+    }
+  }
+  return NULL;
+}
+
+void mp_region_give(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
+  mp_region *r = mp_region_of(pool, p);
+  uint64_t off = (uint64_t)((char *)p - r->base) >> pool->min_shift;
+  mp_tree_free(&r->tree, off, order);
+  acct_add(pool, a, -(int64_t)mp_block_bytes(pool, order));
+}
+
+void mp_region_give_lazy(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
+  mp_region *r = mp_region_of(pool, p);
+  uint64_t off = (uint64_t)((char *)p - r->base) >> pool->min_shift;
+  mp_tree_release(&r->tree, off, order);
+  acct_add(pool, a, -(int64_t)mp_block_bytes(pool, order));
+}
+
+static int cmp_ptr(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Sorted by address and merged in place: a stack of (block, order) where
+ * the top two merge while they are buddies of one order in one region.
+ * What is left is given to the tree, whose merge step then continues
+ * upwards against blocks outside the batch.  The stack holds at most one
+ * entry per order above the batch's plus the batch itself, so
+ * MP_MAG_SLOTS + MP_MAX_ORDER + 2 entries never overflow for n <=
+ * MP_MAG_SLOTS. */
+void mp_blocks_give(magpool_t *pool, mp_acct *a, void **blk, uint32_t n, unsigned order) {
+  if (n == 0) return;
+  mp_assert(n <= MP_MAG_SLOTS);
+  if (n > 1) qsort(blk, n, sizeof *blk, cmp_ptr);
+  struct mp_merge_ent {
+    char *p;
+    unsigned o;
+    mp_region *r;
+  } st[MP_MAG_SLOTS + MP_MAX_ORDER + 2];
+  unsigned top = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    mp_region *r = mp_region_of(pool, blk[i]);
+    st[top].p = blk[i];
+    st[top].o = order;
+    st[top].r = r;
+    top++;
+    while (top >= 2) {
+      struct mp_merge_ent *x = &st[top - 2], *y = &st[top - 1];
+      if (x->o != y->o || x->r != y->r || x->o >= x->r->tree.top) break;
+      size_t bs = mp_block_bytes(pool, x->o);
+      size_t off = (size_t)(x->p - x->r->base);
+      if ((off & (2 * bs - 1)) != 0 || y->p != x->p + bs) break;
+      x->o++; /* x and y become their parent */
+      top--;
+    }
+    if (top == sizeof st / sizeof st[0]) { /* cannot happen for n <= 64 */
+      for (unsigned k = 0; k < top; k++) mp_region_give(pool, a, st[k].p, st[k].o);
+      top = 0;
+    }
+  }
+  for (unsigned k = 0; k < top; k++) mp_region_give(pool, a, st[k].p, st[k].o);
+}
+
+void mp_chain_give(magpool_t *pool, mp_acct *a, mp_mag *chain) {
+  for (mp_mag *m = chain; m != NULL;) {
+    mp_mag *mn = mp_load_relaxed(&m->next);
+    mp_blocks_give(pool, a, m->slot, m->count, m->order);
+    mp_mag_free(pool, m);
+    m = mn;
+  }
+}

@@ -1,0 +1,130 @@
+/* retire.c - blocks freed on a stream wait here until the stream has
+ * passed the free: one batch per retire, one stream callback per batch,
+ * and the ready list the callbacks push onto.  Layer 3: it knows stream
+ * ops (through pool->sops), magazines and regions; never a thread record
+ * or a stream entry (a batch carries only the entry's pending counter).
+ *
+ *   retire ..... any thread: builds a batch, counts it pending, asks the
+ *                stream op to run batch_done after the stream's work
+ *   batch_done . the callback, on CUDA's callback thread or a host
+ *                stream's worker: O(1), no CUDA call; pushes the batch on
+ *                the ready list (push_mp: a CAS, any number of pushers)
+ *   drain ...... any thread, concurrently with itself: takes the whole
+ *                list with one exchange (take_all: no node is ever popped
+ *                alone, so no ABA) and gives the blocks to the trees
+ *
+ * Accounting: a batch's bytes are pending from retire until its callback,
+ * then ready until a drain gives them to the trees.
+ */
+#include "internal.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* The ready list's push: any thread, any number at once. */
+static void ready_push_mp(mp_retire *rt, mp_batch *b) {
+  mp_batch *h = mp_load_relaxed(&rt->ready);
+  do {
+    b->next = h;
+    /* RELEASE: the batch is complete before a drainer takes it (ACQUIRE
+     * exchange in ready_take_all); without it the drainer could read a
+     * half-written batch. */
+  } while (!mp_cas_weak_release(&rt->ready, &h, b));
+}
+
+/* The ready list's take: the whole list at once.  ACQUIRE: pairs with the
+ * RELEASE push. */
+static mp_batch *ready_take_all(mp_retire *rt) { return mp_xchg_acquire(&rt->ready, NULL); }
+
+/* The stream callback.  A device error status changes nothing: the blocks
+ * are accounted for either way. */
+static void batch_done(void *arg, int status) {
+  (void)status;
+  mp_batch *b = arg;
+  mp_retire *rt = &b->pool->retire;
+  /* Read everything we need from b before the push: once it is on the
+   * ready list a drainer may free it. */
+  _Atomic int64_t *pending = b->pending;
+  mp_fetch_add_relaxed(&rt->ready_bytes, b->bytes);
+  mp_fetch_add_relaxed(&rt->pending_bytes, -b->bytes);
+  ready_push_mp(rt, b);
+  if (pending != NULL) mp_fetch_add_acq_rel(pending, -1);
+  /* Last: destroy waits for pending_batches == 0 and then frees the pool;
+   * after this RMW the callback touches nothing of it. */
+  mp_fetch_add_acq_rel(&rt->pending_batches, -1);
+}
+
+void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain) {
+  mp_retire *rt = &pool->retire;
+  mp_batch *b = malloc(sizeof *b);
+  if (b == NULL) { /* no host memory: wait for the stream, then free */
+    pool->sops->sync(pool->src_ctx, h);
+    mp_acct a = {0, 0};
+    mp_chain_give(pool, &a, chain);
+    mp_acct_settle(pool, &a);
+    return;
+  }
+  b->pool = pool;
+  b->pending = pending;
+  b->mags = chain;
+  b->bytes = 0;
+  for (mp_mag *m = chain; m != NULL; m = mp_load_relaxed(&m->next))
+    b->bytes += (int64_t)m->count * (int64_t)mp_block_bytes(pool, m->order);
+  mp_fetch_add_relaxed(&rt->pending_bytes, b->bytes);
+  mp_fetch_add_acq_rel(&rt->pending_batches, 1);
+  if (pending != NULL) mp_fetch_add_acq_rel(pending, 1);
+  int rc = pool->sops->after(pool->src_ctx, h, batch_done, b);
+  if (rc != 0) {
+    pool->sops->sync(pool->src_ctx, h);
+    batch_done(b, rc);
+  }
+}
+
+size_t mp_retire_drain(magpool_t *pool, mp_acct *a) {
+  mp_retire *rt = &pool->retire;
+  if (mp_load_relaxed(&rt->ready) == NULL) return 0;
+  mp_batch *b = ready_take_all(rt);
+  mp_acct local = {0, 0};
+  mp_acct *acct = a != NULL ? a : &local;
+  size_t n = 0;
+  while (b != NULL) {
+    mp_batch *next = b->next;
+    for (mp_mag *m = b->mags; m != NULL; m = mp_load_relaxed(&m->next)) n += m->count;
+    mp_chain_give(pool, acct, b->mags);
+    mp_fetch_add_relaxed(&rt->ready_bytes, -b->bytes);
+    free(b);
+    b = next;
+  }
+  if (a == NULL) mp_acct_settle(pool, &local);
+  return n;
+}
+
+void mp_retire_wait_released(magpool_t *pool) {
+  mp_retire *rt = &pool->retire;
+  if (mp_load_acquire(&rt->pending_batches) == 0) return;
+  /* Wait for the whole device, or, on host streams, for the callbacks -
+   * at most a second, since a released host stream may be blocked. */
+  if (pool->sops->sync_all(pool->src_ctx) == 0) return;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (mp_load_acquire(&rt->pending_batches) != 0) {
+    sched_yield();
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec >= 1) break;
+  }
+}
+
+void mp_retire_fini(magpool_t *pool) {
+  mp_retire *rt = &pool->retire;
+  /* Every callback must have run before the pool's memory goes away. */
+  while (mp_load_acquire(&rt->pending_batches) != 0) {
+    if (pool->sops->sync_all(pool->src_ctx) != 0) sched_yield();
+  }
+  mp_batch *b = ready_take_all(rt);
+  while (b != NULL) {
+    mp_batch *n = b->next;
+    free(b); /* its magazines live in the pool's slabs */
+    b = n;
+  }
+}

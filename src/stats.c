@@ -1,0 +1,152 @@
+/* stats.c - statistics, the free-memory query, and the pool checker.
+ * Layer 5.  Stats are sums of per-thread counters written by their owners
+ * (relaxed reads: a racy sum while threads run, exact on a quiescent
+ * pool), the depots' and stream caches' byte counts, and the trees.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+/* ----------------------------------------------------------------- stats */
+
+typedef struct sums {
+  uint64_t held, requested, cached, allocs, frees;
+} sums;
+
+static sums sum_threads(magpool_t *pool) {
+  sums s = {mp_load_relaxed(&pool->held_extra), 0, 0, 0, 0};
+  for (mp_tcache *t = mp_load_acquire(&pool->tcaches); t != NULL; t = t->pool_next) {
+    s.held += mp_load_relaxed(&t->acct.held);
+    s.requested += mp_load_relaxed(&t->st.requested);
+    s.cached += mp_load_relaxed(&t->st.cached);
+    s.allocs += mp_load_relaxed(&t->st.allocs);
+    s.frees += mp_load_relaxed(&t->st.frees);
+  }
+  return s;
+}
+
+static int64_t depot_sum(magpool_t *pool) {
+  int64_t d = 0;
+  for (unsigned k = 0; k < MP_MAX_CLASSES; k++) d += mp_load_relaxed(&pool->depot[k].bytes);
+  return d;
+}
+
+static void tree_sums(magpool_t *pool, uint64_t *free_bytes, size_t *largest) {
+  uint64_t fb = 0;
+  size_t lg = 0;
+  unsigned n = mp_load_acquire(&pool->nregions);
+  for (unsigned i = 0; i < n; i++) {
+    mp_region *r = pool->regions[i];
+    fb += mp_tree_free_units(&r->tree) << pool->min_shift;
+    int o = mp_tree_largest_free_order(&r->tree);
+    if (o >= 0 && mp_block_bytes(pool, (unsigned)o) > lg) lg = mp_block_bytes(pool, (unsigned)o);
+  }
+  *free_bytes = fb;
+  *largest = lg;
+}
+
+int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
+  if (pool == NULL || out == NULL) return MAGPOOL_EINVAL;
+  memset(out, 0, sizeof *out);
+  sums s = sum_threads(pool);
+  size_t scached = 0, spending = 0;
+  mp_streams_stats(pool, &scached, &spending);
+  int64_t depot = depot_sum(pool);
+  out->requested_bytes = (size_t)s.requested;
+  out->reserved_bytes = mp_load_relaxed(&pool->reserved);
+  out->cached_bytes = (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
+  out->pending_bytes = spending;
+  /* Live bytes: everything out of the trees that is not cached or
+   * pending.  Exact on a quiescent pool; while threads run, each term is
+   * read at a slightly different instant, so clamp. */
+  int64_t used = (int64_t)(s.held - s.cached) - (depot > 0 ? depot : 0) - (int64_t)scached -
+                 (int64_t)spending;
+  out->used_bytes = used > 0 ? (size_t)used : 0;
+  uint64_t fb;
+  tree_sums(pool, &fb, &out->largest_free_block);
+  out->free_bytes = (size_t)fb;
+  out->alloc_count = s.allocs;
+  out->free_count = s.frees;
+  out->live_count = s.allocs - s.frees;
+  out->grow_count = mp_load_relaxed(&pool->grow_count);
+  /* The batched peak can lag by a few batches; the current out-of-tree
+   * bytes are an exact lower bound for it. */
+  int64_t now = (int64_t)(out->used_bytes + out->cached_bytes + out->pending_bytes);
+  out->peak_used_bytes = (size_t)mp_max_relaxed(&pool->peak, now);
+  return 0;
+}
+
+int magpool_mem_info(magpool_t *pool, size_t *free_bytes, size_t *total_bytes) {
+  if (pool == NULL) return MAGPOOL_EINVAL;
+  if (free_bytes != NULL) {
+    uint64_t fb;
+    size_t lg;
+    tree_sums(pool, &fb, &lg);
+    sums s = sum_threads(pool);
+    size_t scached = 0, spending = 0;
+    mp_streams_stats(pool, &scached, &spending);
+    int64_t depot = depot_sum(pool);
+    *free_bytes = (size_t)fb + (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
+  }
+  if (total_bytes != NULL) *total_bytes = mp_load_relaxed(&pool->reserved);
+  return 0;
+}
+
+/* ----------------------------------------------------------------- check */
+
+/* Pool invariant, in min-block units, on a quiescent pool:
+ *   tree free + live blocks + cached + pending == reserved
+ * plus the tree's own I1-I3, and every live header well formed and not
+ * overlapping a free tree block. */
+int magpool_check(magpool_t *pool) {
+  if (pool == NULL) return MAGPOOL_EINVAL;
+  uint64_t total_units = 0, free_units = 0, live_units = 0;
+  unsigned n = mp_load_acquire(&pool->nregions);
+  for (unsigned i = 0; i < n; i++) {
+    mp_region *r = pool->regions[i];
+    uint64_t fu;
+    if (mp_tree_check(&r->tree, &fu) != 0) return MAGPOOL_EINVAL;
+    free_units += fu;
+    total_units += r->nunits;
+    for (uint64_t u = 0; u < r->nunits; u++) {
+      uint32_t w = mp_hdr_read(&r->hdr[u]);
+      if (!mp_hdr_live(w)) continue;
+      unsigned o = mp_hdr_order(w);
+      uint64_t len = (uint64_t)1 << o;
+      if ((u & (len - 1)) != 0 || u + len > r->nunits) return MAGPOOL_EINVAL;
+      if (mp_tree_is_free(&r->tree, u, o)) return MAGPOOL_EINVAL;
+      live_units += len;
+      u += len - 1; /* interior words hold no header */
+    }
+  }
+  magpool_stats_t st;
+  magpool_get_stats(pool, &st);
+  uint64_t other = (st.cached_bytes + st.pending_bytes) >> pool->min_shift;
+  if (free_units + live_units + other != total_units) return MAGPOOL_EINVAL;
+  if ((live_units << pool->min_shift) != st.used_bytes) return MAGPOOL_EINVAL;
+  return 0;
+}
+
+/* ------------------------------------------------------------ debug tier */
+
+/* Is anything but the caller at work on the pool: another API call, a
+ * thread's exit flush, or a pending stream callback? */
+static bool pool_busy(magpool_t *pool) {
+  if (mp_load_acquire(&pool->dbg_active) != 1) return true;
+  if (mp_load_acquire(&pool->retire.pending_batches) != 0) return true;
+  for (mp_tcache *t = mp_load_acquire(&pool->tcaches); t != NULL; t = t->pool_next)
+    if (mp_load_acquire(&t->state) == MP_TC_EXITING) return true;
+  return false;
+}
+
+/* The check runs only on a quiescent pool, where its sums are exact: no
+ * other call in progress before or after it, and none begun in between
+ * (dbg_calls unchanged).  A failure seen under those conditions is a
+ * broken invariant, and traps. */
+void mp_debug_check_quiescent(magpool_t *pool) {
+  uint64_t calls = mp_load_acquire(&pool->dbg_calls);
+  if (pool_busy(pool)) return;
+  int rc = magpool_check(pool);
+  if (pool_busy(pool) || mp_load_acquire(&pool->dbg_calls) != calls) return;
+  mp_assert_expensive(rc == 0);
+}

@@ -1,0 +1,167 @@
+/* thread.c - the thread record: one per (thread, pool).  TLS memo,
+ * creation and adoption, the trim epoch, thread exit, and orphaning at
+ * destroy.  Layer 4, above the caches it orchestrates: it calls the thread
+ * magazines (magazine.c) and the stream slots (stream_cache.c), which
+ * never call it.
+ *
+ * Concurrency contract:
+ *   the record's caches and memo ... owner thread only
+ *   record->state .................. CAS by the owner (adopt, exit) and the
+ *                                    destroyer (orphan); see types.h
+ *   pool->tcaches .................. push-only (CAS RELEASE), anyone walks
+ *                                    (ACQUIRE)
+ *   TLS list, mp_tls_last .......... the thread itself
+ * A thread's exit runs in its pthread key destructor: it moves each LIVE
+ * record to EXITING, returns its caches, then FREE; records orphaned by a
+ * destroyed pool are freed there or at the thread's next lookup.
+ */
+#include "thread.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Thread_local mp_tcache *mp_tls_last __attribute__((tls_model("initial-exec")));
+static _Thread_local mp_tcache *tls_list;
+
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+
+
+static void thread_exit(void *arg) {
+  (void)arg;
+  mp_tcache *tc = tls_list;
+  tls_list = NULL;
+  mp_tls_last = NULL;
+  while (tc != NULL) {
+    mp_tcache *next = tc->thread_next;
+    int s = MP_TC_LIVE;
+    if (mp_cas_strong_acq_rel(&tc->state, &s, MP_TC_EXITING)) {
+      magpool_t *pool = tc->pool;
+      MP_DBG_ENTER(pool);
+      /* The slots' blocks go behind their streams; a slot whose stream
+       * was released has been emptied by the release. */
+      mp_streams_thread_flush(pool, tc);
+      tc->s_slot = NULL;
+      tc->s_handle = NULL;
+      mp_tcache_flush(pool, tc);
+      mp_tcache_drop_mags(pool, tc);
+      tc->thread_next = NULL;
+      MP_DBG_LEAVE(pool);
+      /* RELEASE: the flushed record is complete before a new thread (CAS
+       * FREE->LIVE, ACQUIRE) or the destroyer reuses or frees it. */
+      mp_store_release(&tc->state, MP_TC_FREE);
+    } else {
+      free(tc); /* ORPHAN: its pool is gone and left it to us */
+    }
+    tc = next;
+  }
+}
+
+static void tls_key_init(void) { pthread_key_create(&tls_key, thread_exit); }
+
+mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
+  mp_tcache *tc = NULL;
+  mp_tcache **link = &tls_list;
+  while (*link != NULL) { /* find ours; free records orphaned by destroy */
+    mp_tcache *t = *link;
+    if (mp_load_acquire(&t->state) == MP_TC_ORPHAN) {
+      *link = t->thread_next;
+      if (mp_tls_last == t) mp_tls_last = NULL;
+      free(t);
+      continue;
+    }
+    if (t->pool == pool && t->uid == pool->uid) { tc = t; break; }
+    link = &t->thread_next;
+  }
+  if (tc == NULL) {
+    /* Adopt a record of an exited thread, or make one. */
+    for (mp_tcache *t = mp_load_acquire(&pool->tcaches); t != NULL; t = t->pool_next) {
+      int s = MP_TC_FREE;
+      if (mp_load_relaxed(&t->state) == MP_TC_FREE && mp_cas_strong_acq_rel(&t->state, &s, MP_TC_LIVE)) {
+        tc = t;
+        break;
+      }
+    }
+    if (tc == NULL) {
+      tc = aligned_alloc(MP_CACHELINE, (sizeof *tc + MP_CACHELINE - 1) & ~(size_t)(MP_CACHELINE - 1));
+      if (tc == NULL) return NULL;
+      memset(tc, 0, sizeof *tc);
+      tc->pool = pool;
+      tc->uid = pool->uid;
+      tc->limit = pool->cfg.thread_cache_bytes;
+      tc->shift = pool->min_shift;
+      tc->r0_base = pool->regions[0]->base;
+      tc->r0_bytes = pool->regions[0]->bytes;
+      tc->r0_hdr = pool->regions[0]->hdr;
+      mp_atomic_init(&tc->state, MP_TC_LIVE);
+      mp_tcache *h = mp_load_relaxed(&pool->tcaches);
+      do {
+        tc->pool_next = h;
+        /* RELEASE: the record is initialised before stats readers reach
+         * it through the list (ACQUIRE in sum_threads). */
+      } while (!mp_cas_weak_release(&pool->tcaches, &h, tc));
+    }
+    tc->epoch = mp_load_relaxed(&pool->trim_epoch);
+    /* A reused record starts with no stream memo: cudaStreamPerThread, for
+     * one, names another stream on this thread. */
+    tc->s_slot = NULL;
+    tc->s_handle = NULL;
+    tc->thread_next = tls_list;
+    tls_list = tc;
+    pthread_once(&tls_once, tls_key_init);
+    pthread_setspecific(tls_key, (void *)1);
+  }
+  uint64_t ep = mp_load_acquire(&pool->trim_epoch);
+  if (tc->epoch != ep) { /* a trim ran: return our caches for this pool */
+    /* Epoch first and memo set: the record is current before its caches
+     * go back. */
+    tc->epoch = ep;
+    mp_tls_last = tc;
+    mp_streams_thread_flush(pool, tc);
+    mp_tcache_flush(pool, tc);
+  }
+  /* Tracking needs every allocation on a path that records it: it turns
+   * the caches off (magpool_tracking_enable bumps the epoch to get here). */
+  bool on = pool->nclasses != 0 && !mp_load_acquire(&pool->tracking);
+  if (!on && tc->nclasses != 0) {
+    mp_tcache_flush(pool, tc);
+    mp_tcache_drop_mags(pool, tc);
+  }
+  tc->nclasses = on ? pool->nclasses : 0;
+  bool son = pool->s_nclasses != 0 && !mp_load_acquire(&pool->tracking);
+  tc->s_nclasses = son ? pool->s_nclasses : 0;
+  tc->s_cache_max = son ? mp_block_bytes(pool, pool->s_nclasses - 1) : 0;
+  tc->cache_max = on ? mp_block_bytes(pool, pool->nclasses - 1) : 0;
+  mp_tls_last = tc;
+  return tc;
+}
+
+void mp_tcaches_destroy(magpool_t *pool) {
+  mp_tcache *t = mp_load_acquire(&pool->tcaches);
+  while (t != NULL) {
+    mp_tcache *next = t->pool_next;
+    for (;;) {
+      int s = mp_load_acquire(&t->state);
+      if (s == MP_TC_EXITING) { /* its thread is flushing: wait */
+        sched_yield();
+        continue;
+      }
+      if (s == MP_TC_LIVE) {
+        /* The owner thread frees it later (thread_exit or the next lookup
+         * of its TLS list); the pool's memory goes away with us, so the
+         * record must never be flushed again - ORPHAN says so. */
+        if (!mp_cas_strong_acq_rel(&t->state, &s, MP_TC_ORPHAN)) continue;
+        /* The calling thread's own memo must not serve a new pool that
+         * lands at this address with this record (uid guards it too). */
+        if (mp_tls_last == t) mp_tls_last = NULL;
+        break;
+      }
+      free(t); /* FREE: nobody owns it */
+      break;
+    }
+    t = next;
+  }
+  pool->tcaches = NULL;
+}

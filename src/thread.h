@@ -1,0 +1,49 @@
+/* thread.h - the thread record's memo: the inline lookup every API entry
+ * point starts with (thread.c owns the records).  Layer 4: included only
+ * by the API layer and by thread.c itself. */
+#ifndef MAGPOOL_THREAD_H
+#define MAGPOOL_THREAD_H
+
+#include "internal.h"
+
+/* The calling thread's record for pool, created (or adopted) on first use,
+ * brought up to date after a trim or a tracking switch (the owner's caches
+ * go back first).  NULL only when out of host memory.  Calling thread
+ * only. */
+mp_tcache *mp_tcache_get_slow(magpool_t *pool);
+
+/* The last record this thread used.  initial-exec: one %fs-relative load,
+ * no __tls_get_addr call (8 bytes of static TLS). */
+extern _Thread_local mp_tcache *mp_tls_last __attribute__((tls_model("initial-exec")));
+
+/* The memo check.  A pool's trim epoch starts at uid << 32, so one compare
+ * covers both "a trim ran since" and "this record belongs to a destroyed
+ * pool that had the same address".  Relaxed: the epoch is a hint; a trim
+ * that this thread has not seen yet is honoured at its next call. */
+MP_INLINE bool mp_tcache_current(const mp_tcache *tc, magpool_t *pool) {
+  return tc != NULL && tc->pool == pool && tc->epoch == mp_load_relaxed(&pool->trim_epoch);
+}
+
+MP_INLINE mp_tcache *mp_tcache_get(magpool_t *pool) {
+  mp_tcache *tc = mp_tls_last;
+  if (MP_LIKELY(mp_tcache_current(tc, pool))) return tc;
+  return mp_tcache_get_slow(pool);
+}
+
+/* Order of a request the fast paths may serve (size <= a cache's largest
+ * class, so no overflow): ceil(log2(ceil(size / min_block))). */
+MP_INLINE unsigned mp_cached_order(const mp_tcache *tc, size_t size) {
+  size_t q = (size - (size != 0)) >> tc->shift; /* (size - 1) / min_block */
+  return q == 0 ? 0 : 64u - mp_clz64(q);
+}
+
+/* Header word of p if p is a unit-aligned address of region 0, else NULL
+ * (the fast paths' region test, from the record's copies). */
+MP_INLINE _Atomic uint32_t *mp_tcache_r0_hdr(const mp_tcache *tc, const void *p) {
+  size_t off = (size_t)((const char *)p - tc->r0_base);
+  size_t unit = off >> tc->shift;
+  if (MP_UNLIKELY(off >= tc->r0_bytes || (unit << tc->shift) != off)) return NULL;
+  return &tc->r0_hdr[unit];
+}
+
+#endif /* MAGPOOL_THREAD_H */

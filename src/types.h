@@ -1,0 +1,298 @@
+/* types.h - every internal struct of magpool, with who writes and who reads
+ * each field.  No code.  The tree's types are in tree.h (it knows no pool).
+ *
+ * Layers, bottom up (docs/design.md has the picture; tools/check-layers.sh
+ * enforces that calls only point down):
+ *   0 base      atomic.h base.h types.h internal.h errors.c
+ *   1 memory    source_host.c source_fail.c source_cuda.c   (where memory
+ *               comes from) stream_host.c stream_cuda.c     (ordering)
+ *   2 blocks    tree.c region.c mag.c hdr.h                 (tree, regions,
+ *               block header, magazine objects)
+ *   3 retire    retire.c                                    (batches, the
+ *               stream callback, the ready list)
+ *   4 caches    stream_table.c stream_cache.c magazine.c thread.c
+ *   5 API       alloc.c alloc_async.c pool.c stats.c scope.c track.c
+ *
+ * Locks, by rank: a thread holding a lock of rank r takes only locks of
+ * higher rank.  The fast paths take none.
+ *   1  streams->create_lock   creating or recycling a stream entry
+ *   2  entry->busy            one entry's slow paths (thieves, slot
+ *                             creation); the ladder and trim only try it
+ *   3  pool->grow_lock        growth (calls into the memory source)
+ *   3  track->lk              tracking table (tracking on only)
+ *   4  host stream lock       one host stream's queue (stream_host.c)
+ */
+#ifndef MAGPOOL_TYPES_H
+#define MAGPOOL_TYPES_H
+
+#include <pthread.h>
+
+#include "atomic.h"
+#include "base.h"
+#include "tree.h"
+
+/* ------------------------------------------------------ layer 1: memory */
+
+/* A memory source reserves ranges of memory for a pool.  Host, device and
+ * pinned sources back the whole range at once; sources that can map and
+ * unmap chunks may implement commit and decommit.  NULL commit / decommit
+ * means "always backed".  Stateless table + a context owned by the pool. */
+typedef struct mp_source_ops {
+  const char *name;
+  /* Reserves size bytes (a multiple of the pool's min_block); on success
+   * stores the base in *base.  Returns 0, MAGPOOL_ENOMEM, MAGPOOL_ENODEV or
+   * MAGPOOL_ECUDA. */
+  int (*reserve)(void *ctx, size_t size, void **base);
+  int (*release)(void *ctx, void *base, size_t size);
+  int (*commit)(void *ctx, void *addr, size_t size);
+  int (*decommit)(void *ctx, void *addr, size_t size);
+  /* Called once at pool creation; may set up ctx.  NULL = nothing to do. */
+  int (*open)(void **ctx, const magpool_config_t *cfg);
+  void (*close)(void *ctx);
+} mp_source_ops;
+
+/* Stream ordering, behind a small interface (host streams in
+ * stream_host.c, CUDA streams in stream_cuda.c).  `dev` is the pool's
+ * source context.  Every op may be called from any thread. */
+typedef struct mp_stream_ops {
+  /* The stream's id, unique for the life of the process. */
+  int (*get_id)(void *dev, magpool_stream_t s, uint64_t *id);
+  /* Runs fn(arg, status) once all work queued on s so far has finished;
+   * fn must not call CUDA. */
+  int (*after)(void *dev, magpool_stream_t s, void (*fn)(void *arg, int status), void *arg);
+  int (*sync)(void *dev, magpool_stream_t s);
+  /* 1 if s is being captured, 0 if not, or a negative error. */
+  int (*capturing)(void *dev, magpool_stream_t s);
+  /* Waits for all work of the pool's device; MAGPOOL_ENOTSUP on host. */
+  int (*sync_all)(void *dev);
+  /* Does handle s name a different stream on each thread
+   * (cudaStreamPerThread)?  Such an entry's blocks can only be retired by
+   * the thread whose stream it is. */
+  bool (*per_thread)(magpool_stream_t s);
+  /* Must every async free ask capturing() first?  (CUDA: yes, a free
+   * recorded into a graph must not make its block reusable; host: no.) */
+  bool check_capture;
+} mp_stream_ops;
+
+/* ------------------------------------------------------ layer 2: blocks */
+
+/* One contiguous range from a source: its tree and its block-header table
+ * (hdr.h).  Immutable once published in pool->regions (growth appends,
+ * destroy frees). */
+typedef struct mp_region {
+  char *base;
+  size_t bytes;
+  uint64_t nunits;
+  _Atomic uint32_t *hdr; /* nunits words, mmap'd (lazily backed)   */
+  size_t hdr_bytes;
+  mp_tree tree;
+} mp_region;
+
+/* Where tree traffic is counted: bytes taken from the trees, net.  Owned
+ * by one thread (a thread record's, or a caller's local one that it then
+ * settles into the pool, mp_acct_settle). */
+typedef struct mp_acct {
+  _Atomic uint64_t held; /* owner writes (plain add), stats read (relaxed);
+                            wrapping: a block freed by another thread makes
+                            one owner's value "negative", the sum is exact */
+  int64_t tree_delta;    /* owner only: not yet added to pool->tree_out  */
+} mp_acct;
+
+/* A magazine: a bounded LIFO of free blocks of one class.  Owned by one
+ * thread (or one stream slot) while loaded; owned by a stack while in a
+ * depot or the spare list (then only `next` is touched by others,
+ * atomically).  In a retire batch, a chain linked through `next`. */
+typedef struct mp_mag {
+  _Atomic(struct mp_mag *) next;
+  uint32_t count;
+  uint32_t cap;
+  uint32_t order; /* class of its blocks (set by mp_mag_new)          */
+  void *slot[];
+} mp_mag;
+
+/* A lock-free LIFO of magazines (Treiber stack), push and pop from any
+ * thread (mp_stack_push_mpmc / mp_stack_pop_mpmc).  ABA protection: the
+ * head packs the pointer (magazines are 64-byte aligned, user space <
+ * 2^47, so ptr >> 6 fits 41 bits) with a 23-bit version that every
+ * successful push and pop increments.  A pop whose head was popped and
+ * pushed back between its read and its CAS sees a different version and
+ * retries.  Magazines are never unmapped while the pool lives, so reading
+ * a stale head's `next` is safe (it is atomic, and the CAS then fails). */
+typedef struct mp_stack {
+  _Atomic uint64_t head;
+  _Atomic int64_t bytes; /* depots: bytes held (relaxed), on the head's line */
+} __attribute__((aligned(MP_CACHELINE))) mp_stack;
+
+/* ------------------------------------------------------ layer 3: retire */
+
+/* Blocks freed on a stream, waiting for the stream to pass the free.
+ * Written by the retiring thread, then handed to the stream callback
+ * (ordered by the stream op's own release/acquire), then to the ready
+ * list (RELEASE push, ACQUIRE take-all), then freed by the drainer. */
+typedef struct mp_batch {
+  struct mp_batch *next;     /* ready-list link                        */
+  magpool_t *pool;
+  _Atomic int64_t *pending;  /* the stream entry's batch count, or NULL */
+  int64_t bytes;
+  mp_mag *mags;              /* chain via mag->next, order in mag->order */
+} mp_batch;
+
+/* The pool's retire state.  All counters are atomic RMW from any thread. */
+typedef struct mp_retire {
+  _Atomic int64_t pending_bytes;   /* retired, callback not yet run      */
+  _Atomic int64_t pending_batches; /* same, in batches; destroy waits 0  */
+  _Atomic int64_t ready_bytes;     /* callback ran, not yet drained      */
+  _Atomic(mp_batch *) ready;       /* push: CAS (callbacks); take: xchg  */
+} mp_retire;
+
+/* ------------------------------------------------------ layer 4: caches */
+
+/* One per (thread record, stream entry): the blocks this thread freed on
+ * the stream, reusable at once by this thread's allocations on it.  The
+ * owner touches the cache with plain loads and stores between
+ * mp_slot_enter_owner and mp_slot_exit_owner; a thief (release, trim, the
+ * ladder) takes it over with the revoke handshake (stream_cache.h). */
+typedef struct mp_sslot {
+  struct mp_tcache *owner;      /* immutable                             */
+  struct mp_sentry *e;          /* immutable                             */
+  struct mp_sslot *next;        /* entry's list (immutable once pushed)  */
+  struct mp_sslot *tnext;       /* owner record's list (owner only)      */
+  _Atomic int active;           /* owner inside its critical section     */
+  _Atomic int revoke;           /* a thief wants, or has, the cache      */
+  _Atomic int64_t bytes;        /* bytes cached (written as the cache,
+                                   read by stats, relaxed)               */
+  mp_mag *mag[MP_MAX_CLASSES];  /* loaded magazine per class             */
+  mp_mag *full[MP_MAX_CLASSES]; /* chain of full magazines (via next)    */
+} mp_sslot;
+
+/* One per (pool, stream id). */
+typedef struct mp_sentry {
+  _Atomic uint64_t sid;       /* 0: empty or released.  Set under the
+                                 create lock, cleared by release under the
+                                 entry lock                             */
+  magpool_stream_t handle;    /* valid while sid != 0 (written before the
+                                 sid is published, RELEASE)             */
+  _Atomic int busy;           /* the entry lock (rank 2)                */
+  _Atomic int64_t pending;    /* batches retired, callback not yet run  */
+  _Atomic(mp_sslot *) slots;  /* push under the entry lock; never shrinks */
+} mp_sentry;
+
+#define MP_STREAM_TABLE 1024u /* live streams per pool with a cache */
+
+/* The stream table: stream id -> entry.  Lock-free lookup (open
+ * addressing, entries never freed while the pool lives); creation takes
+ * create_lock. */
+typedef struct mp_streams {
+  pthread_mutex_t create_lock;        /* rank 1                          */
+  _Atomic(mp_sentry *) tab[MP_STREAM_TABLE];
+} mp_streams;
+
+/* Per-thread statistics, written only by the owning thread with plain
+ * adds (mp_owner_add), read by anyone with relaxed loads.  Unsigned,
+ * wrapping; the sum over threads is exact.  Live bytes are derived on
+ * read as sum(acct.held) - caches - depots - stream caches - pending, so
+ * a cache hit (live <-> cached) moves only `cached`. */
+typedef struct mp_tstats {
+  _Atomic uint64_t requested; /* bytes, live requests                  */
+  _Atomic uint64_t cached;    /* bytes, this thread's magazines        */
+  _Atomic uint64_t allocs;
+  _Atomic uint64_t frees;
+} mp_tstats;
+
+typedef struct mp_tclass {
+  mp_mag *loaded;
+  mp_mag *prev;
+} mp_tclass;
+
+enum { MP_TC_FREE = 0, MP_TC_LIVE, MP_TC_EXITING, MP_TC_ORPHAN };
+
+/* The thread record: one thread's caches, counters and stream memo for
+ * one pool (thread.c owns its life).  Reached through the thread's TLS
+ * list; also linked (push-only) into the pool's list so stats, trim and
+ * destroy can find it.  Lifecycle (state, CAS):
+ *   FREE -> LIVE        a thread adopts it (new or reused record)
+ *   LIVE -> EXITING     its thread exits, returns the caches, -> FREE
+ *   LIVE -> ORPHAN      the pool is destroyed; the thread frees it
+ * Only the owner touches the magazines and the memo; others read `st`,
+ * `acct.held` and `state`. */
+typedef struct mp_tcache {
+  /* Hot: everything the fast paths read, in the first cache lines. */
+  magpool_t *pool;
+  uint64_t epoch;        /* pool->trim_epoch last seen                 */
+  unsigned nclasses;     /* 0 when caching is off or tracking is on    */
+  unsigned s_nclasses;   /* stream-cache classes for the fast paths (0
+                            while tracking is on)                      */
+  size_t s_cache_max;    /* largest stream-cached request (0: none)    */
+  unsigned shift;        /* log2(min_block)                            */
+  size_t cache_max;      /* largest cached request (0: none)           */
+  size_t limit;          /* thread_cache_bytes                         */
+  char *r0_base;         /* copies of region 0 (never changes)         */
+  size_t r0_bytes;
+  _Atomic uint32_t *r0_hdr;
+  uint64_t uid;          /* pool->uid when adopted: a destroyed pool's
+                            address may be reused by a new pool        */
+  mp_acct acct;          /* tree traffic of this thread                */
+  mp_tclass cls[MP_MAX_CLASSES];
+  mp_tstats st;
+  /* One-entry stream memo (stream_cache.c): (handle, epoch) -> this
+   * thread's slot in the stream's entry; and every slot it owns. */
+  magpool_stream_t s_handle;
+  mp_sslot *s_slot;
+  uint64_t s_epoch;
+  bool s_check_capture;  /* CUDA streams: frees ask about capture     */
+  mp_sslot *s_slots;
+  _Atomic int state;
+  struct mp_tcache *pool_next;   /* pool list; set before publication  */
+  struct mp_tcache *thread_next; /* owner thread's list                */
+} mp_tcache;
+
+/* --------------------------------------------------------- the pool */
+
+struct magpool_s {
+  uint64_t uid;
+  magpool_config_t cfg;
+  unsigned min_shift;          /* log2(min_block)                       */
+  unsigned nclasses;           /* cached orders are 0..nclasses-1       */
+  uint32_t mag_cap[MP_MAX_CLASSES];
+  unsigned s_nclasses;         /* stream-cached orders (stream caches
+                                  work with or without thread caches)   */
+  uint32_t s_mag_cap[MP_MAX_CLASSES];
+  _Atomic uint64_t trim_epoch; /* bumped by magpool_trim and tracking   */
+
+  const mp_source_ops *src;    /* the backend: chosen once at create    */
+  const mp_stream_ops *sops;
+  void *src_ctx;
+
+  _Atomic unsigned nregions;   /* regions[0..nregions) are published    */
+  mp_region *regions[MP_MAX_REGIONS];
+  _Atomic size_t reserved;
+  _Atomic uint64_t grow_count;
+  void *grow_lock;             /* pthread_mutex_t * (rank 3)            */
+
+  _Atomic int64_t tree_out;    /* bytes handed out by the trees, batched */
+  _Atomic int64_t peak;
+  _Atomic uint64_t held_extra; /* acct.held of settled local accounts   */
+
+  _Atomic(mp_tcache *) tcaches;/* push-only list of thread records      */
+
+  mp_stack depot[MP_MAX_CLASSES]; /* full magazines                     */
+  size_t depot_limit;          /* per class                             */
+  mp_stack spare;              /* empty magazines of any class          */
+  _Atomic(void *) mag_chunks;  /* slabs magazines are carved from       */
+
+  void *track;                 /* track.c state, NULL when off          */
+  _Atomic int tracking;
+
+  mp_retire retire;            /* retire.c                              */
+  mp_streams *streams;         /* stream_table.c                        */
+  _Atomic uint64_t stream_epoch; /* bumped by every stream release: the
+                                  thread memos' validity                */
+
+  /* MP_DEBUG >= 2 only (always present, so every build agrees on the
+   * layout): calls in progress and calls begun, to tell a quiescent
+   * pool from a busy one (MP_DBG_ENTER in internal.h). */
+  _Atomic int64_t dbg_active;
+  _Atomic uint64_t dbg_calls;
+};
+
+#endif /* MAGPOOL_TYPES_H */
