@@ -7,7 +7,7 @@
  *                   magpool_alloc / magpool_free.
  *   magpool-nocache the same with thread_cache_bytes = 0: the lock-free
  *                   tree alone.
- *   magpool-locked  the same buddy tree (mp_tree_* from src/internal.h)
+ *   magpool-locked  the same buddy tree (mp_tree_* from src/tree.h)
  *                   over a region this file manages, with this file's own
  *                   order table, all behind ONE global pthread mutex: the
  *                   lock-based baseline.
@@ -19,7 +19,7 @@
 #include <sys/mman.h>
 
 #include "bench.h"
-#include "internal.h"
+#include "tree.h"
 #include "magpool.h"
 
 /* ------------------------------------------------------------------ */

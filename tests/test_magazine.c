@@ -13,7 +13,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* pthread_barrier_t */
 
-#include "internal.h"
+#include "thread.h" /* internal.h and the thread record */
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -93,7 +93,7 @@ Test(stack, lifo_single_thread) {
   mp_stack s;
   memset(&s, 0, sizeof s);
   cr_assert(((uintptr_t)&s & (MP_CACHELINE - 1)) == 0);
-  cr_assert_null(mp_stack_pop(&s), "pop of an empty stack");
+  cr_assert_null(mp_stack_pop_mpmc(&s), "pop of an empty stack");
 
   mp_mag *m[NSTACK_MAGS];
   for (int i = 0; i < NSTACK_MAGS; i++) {
@@ -103,36 +103,36 @@ Test(stack, lifo_single_thread) {
               (void *)m[i]);
     for (int j = 0; j < i; j++) cr_assert_neq(m[i], m[j]);
   }
-  for (int i = 0; i < NSTACK_MAGS; i++) mp_stack_push(&s, m[i]);
+  for (int i = 0; i < NSTACK_MAGS; i++) mp_stack_push_mpmc(&s, m[i]);
   for (int i = NSTACK_MAGS - 1; i >= 0; i--) {
-    mp_mag *x = mp_stack_pop(&s);
+    mp_mag *x = mp_stack_pop_mpmc(&s);
     cr_assert_eq(x, m[i], "pop %d: got %p, expected %p (LIFO)", i, (void *)x,
                  (void *)m[i]);
   }
-  cr_assert_null(mp_stack_pop(&s));
+  cr_assert_null(mp_stack_pop_mpmc(&s));
 
   /* Interleaved: push 0, 1; pop -> 1; push 2; pop -> 2, 0. */
-  mp_stack_push(&s, m[0]);
-  mp_stack_push(&s, m[1]);
-  cr_assert_eq(mp_stack_pop(&s), m[1]);
-  mp_stack_push(&s, m[2]);
-  cr_assert_eq(mp_stack_pop(&s), m[2]);
-  cr_assert_eq(mp_stack_pop(&s), m[0]);
-  cr_assert_null(mp_stack_pop(&s));
+  mp_stack_push_mpmc(&s, m[0]);
+  mp_stack_push_mpmc(&s, m[1]);
+  cr_assert_eq(mp_stack_pop_mpmc(&s), m[1]);
+  mp_stack_push_mpmc(&s, m[2]);
+  cr_assert_eq(mp_stack_pop_mpmc(&s), m[2]);
+  cr_assert_eq(mp_stack_pop_mpmc(&s), m[0]);
+  cr_assert_null(mp_stack_pop_mpmc(&s));
 
   /* The version tag: the same magazine pushed again after a pop gives a
    * different head word (this is what rejects an ABA'd CAS). */
-  mp_stack_push(&s, m[3]);
+  mp_stack_push_mpmc(&s, m[3]);
   uint64_t h1 = mp_load_relaxed(&s.head);
-  cr_assert_eq(mp_stack_pop(&s), m[3]);
+  cr_assert_eq(mp_stack_pop_mpmc(&s), m[3]);
   uint64_t h_empty = mp_load_relaxed(&s.head);
-  mp_stack_push(&s, m[3]);
+  mp_stack_push_mpmc(&s, m[3]);
   uint64_t h2 = mp_load_relaxed(&s.head);
   cr_assert_neq(h1, h2, "same head word %#llx after pop + push of the same "
                 "magazine: no ABA version", (unsigned long long)h1);
   cr_assert_neq(h_empty, 0, "empty head after a pop carries no version");
-  cr_assert_eq(mp_stack_pop(&s), m[3]);
-  cr_assert_null(mp_stack_pop(&s));
+  cr_assert_eq(mp_stack_pop_mpmc(&s), m[3]);
+  cr_assert_null(mp_stack_pop_mpmc(&s));
 
   for (int i = 0; i < NSTACK_MAGS; i++) mp_mag_free(pool, m[i]);
   cr_assert_eq(magpool_destroy(pool), 0);
@@ -185,7 +185,7 @@ static void torture_release(torture *t, mp_mag *m, int i, int id) {
   /* Ownership ends before the push: another thread may pop it at once. */
   int prev = atomic_exchange(&t->owner[i], 0);
   if (prev != id + 1) atomic_fetch_add(&t->double_pops, 1);
-  mp_stack_push(t->s, m);
+  mp_stack_push_mpmc(t->s, m);
 }
 
 static void *torture_worker(void *vp) {
@@ -195,7 +195,7 @@ static void *torture_worker(void *vp) {
   mpt_rng r = mpt_rng_seed(1000 + (uint64_t)id);
   pthread_barrier_wait(&t->start);
   for (long it = 0; it < TORTURE_ITERS; it++) {
-    mp_mag *x = mp_stack_pop(t->s);
+    mp_mag *x = mp_stack_pop_mpmc(t->s);
     if (x == NULL) {
       sched_yield();
       continue;
@@ -208,7 +208,7 @@ static void *torture_worker(void *vp) {
     mp_mag *y = NULL;
     int iy = -1;
     if (mpt_below(&r, 2)) {
-      y = mp_stack_pop(t->s);
+      y = mp_stack_pop_mpmc(t->s);
       if (y != NULL) {
         atomic_fetch_add_explicit(&t->pops, 1, memory_order_relaxed);
         iy = torture_claim(t, y, id);
@@ -241,7 +241,7 @@ Test(stack, four_thread_torture, .timeout = 300) {
     mags[i] = mp_mag_new(pool, 0);
     cr_assert_not_null(mags[i]);
     mags[i]->order = (uint32_t)i; /* the index, checked on every release */
-    mp_stack_push(s, mags[i]);
+    mp_stack_push_mpmc(s, mags[i]);
   }
   cr_assert_eq(pthread_barrier_init(&t->start, NULL, TORTURE_THREADS), 0);
   pthread_t th[TORTURE_THREADS];
@@ -270,7 +270,7 @@ Test(stack, four_thread_torture, .timeout = 300) {
   int seen[NSTACK_MAGS] = {0};
   int n = 0;
   mp_mag *m;
-  while ((m = mp_stack_pop(s)) != NULL) {
+  while ((m = mp_stack_pop_mpmc(s)) != NULL) {
     int i = mag_index(t, m);
     cr_assert_geq(i, 0, "stack holds a foreign pointer %p", (void *)m);
     cr_assert_eq(seen[i], 0, "magazine %d is in the stack twice", i);
@@ -308,7 +308,7 @@ Test(give, buddies_merge_into_parent) {
   /* 16 blocks from a fresh tree: lowest address first, so blocks 0..15. */
   void *b[16];
   for (unsigned i = 0; i < 16; i++) {
-    b[i] = mp_tree_take(pool, tc, o);
+    b[i] = mp_region_take(pool, &tc->acct, o);
     cr_assert_not_null(b[i]);
     cr_assert_eq((char *)b[i], r->base + i * bs, "take %u at offset %td", i,
                  (char *)b[i] - r->base);
@@ -324,7 +324,7 @@ Test(give, buddies_merge_into_parent) {
   void *batch[8];
   memcpy(batch, b, sizeof batch);
   mpt_shuffle(&rng, batch, 8, sizeof batch[0]);
-  mp_blocks_give(pool, tc, batch, 8, o);
+  mp_blocks_give(pool, &tc->acct, batch, 8, o);
   cr_assert(mp_tree_is_free(t, 0, o + 3), "blocks 0..7 did not merge into "
             "their order-%u parent", o + 3);
   for (unsigned i = 0; i < 8; i++)
@@ -338,7 +338,7 @@ Test(give, buddies_merge_into_parent) {
    * as one order o+2 block, 13 alone, 14..15 as one order o+1 block. */
   void *holey[7] = {b[8], b[9], b[10], b[11], b[13], b[14], b[15]};
   mpt_shuffle(&rng, holey, 7, sizeof holey[0]);
-  mp_blocks_give(pool, tc, holey, 7, o);
+  mp_blocks_give(pool, &tc->acct, holey, 7, o);
   cr_assert(mp_tree_is_free(t, 8u << o, o + 2), "8..11 not merged");
   cr_assert(mp_tree_is_free(t, 13u << o, o), "13 not free");
   cr_assert(mp_tree_is_free(t, 14u << o, o + 1), "14..15 not merged");
@@ -351,7 +351,7 @@ Test(give, buddies_merge_into_parent) {
   /* The last one completes every merge, up to the whole tree (the fresh
    * tree's splits left the buddies of orders o+4 .. top free). */
   void *last[1] = {b[12]};
-  mp_blocks_give(pool, tc, last, 1, o);
+  mp_blocks_give(pool, &tc->acct, last, 1, o);
   cr_assert(mp_tree_is_free(t, 0, t->top), "tree not one block again");
   cr_assert_eq(mp_tree_largest_free_order(t), (int)t->top);
   cr_assert_eq(mp_tree_check(t, &fu), 0);
@@ -361,16 +361,16 @@ Test(give, buddies_merge_into_parent) {
    * o+6 and then, again, the whole tree. */
   void *many[64];
   for (unsigned i = 0; i < 64; i++) {
-    many[i] = mp_tree_take(pool, tc, o);
+    many[i] = mp_region_take(pool, &tc->acct, o);
     cr_assert_eq((char *)many[i], r->base + i * bs);
   }
   mpt_shuffle(&rng, many, 64, sizeof many[0]);
-  mp_blocks_give(pool, tc, many, 64, o);
+  mp_blocks_give(pool, &tc->acct, many, 64, o);
   cr_assert(mp_tree_is_free(t, 0, t->top));
   cr_assert_eq(mp_tree_check(t, &fu), 0);
   cr_assert_eq(fu, t->nunits);
 
-  mp_peak_note(pool, tc);
+  mp_acct_flush(pool, &tc->acct);
   magpool_stats_t s = stats_of(pool);
   cr_assert_eq(s.used_bytes, 0);
   cr_assert_eq(s.largest_free_block, 1 * MiB);
@@ -388,12 +388,12 @@ Test(give, adjacent_non_buddies_stay_apart) {
   const size_t bs = mp_block_bytes(pool, o);
   void *b[4];
   for (unsigned i = 0; i < 4; i++) {
-    b[i] = mp_tree_take(pool, tc, o);
+    b[i] = mp_region_take(pool, &tc->acct, o);
     cr_assert_eq((char *)b[i], r->base + i * bs);
   }
   /* 1 and 2 are adjacent but not buddies (1's buddy is 0, 2's is 3). */
   void *mid[2] = {b[2], b[1]};
-  mp_blocks_give(pool, tc, mid, 2, o);
+  mp_blocks_give(pool, &tc->acct, mid, 2, o);
   cr_assert(mp_tree_is_free(t, 1u << o, o));
   cr_assert(mp_tree_is_free(t, 2u << o, o));
   cr_assert(!mp_tree_is_free(t, 0, o + 1));
@@ -402,7 +402,7 @@ Test(give, adjacent_non_buddies_stay_apart) {
   cr_assert_eq(mp_tree_check(t, &fu), 0);
   cr_assert_eq(fu, t->nunits - (2u << o));
   void *ends[2] = {b[3], b[0]};
-  mp_blocks_give(pool, tc, ends, 2, o);
+  mp_blocks_give(pool, &tc->acct, ends, 2, o);
   cr_assert(mp_tree_is_free(t, 0, t->top));
   cr_assert_eq(mp_tree_check(t, &fu), 0);
   cr_assert_eq(fu, t->nunits);
@@ -719,7 +719,7 @@ static unsigned depot_inspect(magpool_t *pool, unsigned order) {
   mp_mag *m[256];
   unsigned n = 0;
   int64_t bytes = 0;
-  while ((m[n] = mp_stack_pop(&pool->depot[order])) != NULL) {
+  while ((m[n] = mp_stack_pop_mpmc(&pool->depot[order])) != NULL) {
     cr_assert_eq(m[n]->order, order);
     cr_assert_eq(m[n]->count, m[n]->cap, "depot magazine not full (%u/%u)",
                  m[n]->count, m[n]->cap);
@@ -730,7 +730,7 @@ static unsigned depot_inspect(magpool_t *pool, unsigned order) {
   cr_assert_eq(bytes, mp_load_relaxed(&pool->depot[order].bytes),
                "depot holds %lld bytes, counts %lld", (long long)bytes,
                (long long)mp_load_relaxed(&pool->depot[order].bytes));
-  while (n > 0) mp_stack_push(&pool->depot[order], m[--n]);
+  while (n > 0) mp_stack_push_mpmc(&pool->depot[order], m[--n]);
   return (unsigned)(bytes / ((int64_t)pool->mag_cap[order] *
                              (int64_t)mp_block_bytes(pool, order)));
 }
@@ -801,10 +801,10 @@ Test(depot, overflow_drain_and_trim) {
   int64_t dep = depot_total(pool);
   cr_assert_gt(dep, 0);
   size_t free_before = stats_of(pool).free_bytes;
-  mp_depot_drain(pool);
+  mp_depot_drain(pool, NULL);
   cr_assert_eq(depot_total(pool), 0);
   for (unsigned k = 0; k < MP_MAX_CLASSES; k++)
-    cr_assert_null(mp_stack_pop(&pool->depot[k]), "depot %u not empty", k);
+    cr_assert_null(mp_stack_pop_mpmc(&pool->depot[k]), "depot %u not empty", k);
   s = stats_of(pool);
   cr_assert_eq(s.cached_bytes, (size_t)cached_of(tc));
   cr_assert_eq(s.free_bytes, free_before + (size_t)dep);

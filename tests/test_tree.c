@@ -8,7 +8,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* pthread_barrier_t, access() */
 
-#include "internal.h"
+#include "thread.h" /* internal.h and the thread record */
 
 #include <criterion/criterion.h>
 #include <pthread.h>
