@@ -3,6 +3,7 @@
 #ifndef MAGPOOL_BASE_H
 #define MAGPOOL_BASE_H
 
+#include <stdatomic.h> /* _Atomic in declarations; operations: atomic.h */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +19,8 @@
                              is a power of two <= this (pool.c), and
                              mp_blocks_give's merge stack is sized by it   */
 #define MP_CACHELINE 64
+#define MP_MAG_SLABS_MAX (1u << 20) /* 64 magazines a slab: 2^26 magazines,
+                                       indices fit 32 bits               */
 
 /* ---------------------------------------------------------------- macros */
 
@@ -69,6 +72,35 @@ static inline unsigned mp_log2_ceil(uint64_t x) {
   return x <= 1 ? 0 : 64u - mp_clz64(x - 1);
 }
 static inline unsigned mp_log2_floor(uint64_t x) { return 63u - mp_clz64(x); }
+
+/* ------------------------------------------------------------ test hooks */
+
+/* Points where a test can stop a thread to open a race window on purpose
+ * (tests/unit).  Each is on a slow path; production pays one relaxed load
+ * of a global pointer there. */
+enum {
+  MP_HOOK_STACK_POP = 1, /* arg: the mp_stack; a pop read head and next  */
+  MP_HOOK_EXIT_FLUSH,    /* arg: the record; its thread is exiting (state
+                            EXITING), before it returns its caches       */
+  MP_HOOK_EXIT_DONE,     /* arg: the record; its caches are back         */
+  MP_HOOK_DESTROY_STREAMS, /* arg: the pool; destroy frees stream state  */
+  MP_HOOK_SLOT_FLUSH,    /* arg: the slot; the owner's flush holds its
+                            entry's lock and has read the stream          */
+  MP_HOOK_ENTRY_WAIT,    /* arg: the entry; its lock is busy              */
+  MP_HOOK_LADDER_RUNG,   /* arg: the rung number, (void *)(uintptr_t); the
+                            ladder's take failed and the rung begins     */
+};
+typedef void (*mp_hook_fn)(int point, void *arg);
+/* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before
+ * it starts the threads that reach the points. */
+extern _Atomic(mp_hook_fn) mp_hook_current;
+/* Sets (or with NULL clears) the process-wide hook.  Tests only. */
+void mp_hook_set(mp_hook_fn fn);
+#define MP_HOOK(point, arg)                                                    \
+  do {                                                                         \
+    mp_hook_fn hook_fn_ = mp_load_relaxed(&mp_hook_current);                   \
+    if (MP_UNLIKELY(hook_fn_ != NULL)) hook_fn_((point), (arg));               \
+  } while (0)
 
 /* --------------------------------------------------------------- errors.c */
 

@@ -140,8 +140,11 @@ void mp_acct_settle(magpool_t *pool, mp_acct *a);
 /* Treiber stack of magazines; any thread, concurrently with each other.
  * push RELEASE: the magazine's contents are written before it is
  * reachable; pop ACQUIRE: pairs with it. */
-void mp_stack_push_mpmc(mp_stack *s, mp_mag *m);
-mp_mag *mp_stack_pop_mpmc(mp_stack *s);
+void mp_stack_push_mpmc(magpool_t *pool, mp_stack *s, mp_mag *m);
+mp_mag *mp_stack_pop_mpmc(magpool_t *pool, mp_stack *s);
+
+/* Maps the pool's slab table (address space only).  Create only. */
+int mp_mags_init(magpool_t *pool);
 
 /* An empty magazine for `order` with the thread caches' capacity for it
  * (or the given one), from the spare list or a new slab.  NULL when out of
@@ -170,10 +173,12 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t
  * callbacks: it takes the whole list with one ACQUIRE exchange.  Returns
  * the blocks given. */
 size_t mp_retire_drain(magpool_t *pool, mp_acct *a);
-/* Waits for the callbacks of every pending batch; those of released
- * streams included: a device-wide sync, or on host streams at most a
- * second.  Any thread. */
-void mp_retire_wait_released(magpool_t *pool);
+/* Waits until *pending (an entry's batch count, orphan_pending or
+ * pending_batches) is 0: a device-wide sync, then (host streams, or a
+ * failed sync) yields and short sleeps until the callbacks have run.  No
+ * time limit: a callback that is coming is waited for.  Any thread, no
+ * lock held.  ACQUIRE: the callbacks' writes are visible. */
+void mp_retire_wait(magpool_t *pool, _Atomic int64_t *pending);
 /* Destroy: waits until no callback is pending, then frees the ready list
  * (its magazines live in the pool's slabs). */
 void mp_retire_fini(magpool_t *pool);
@@ -197,9 +202,11 @@ void mp_entry_unlock(mp_sentry *e);
 /* Bytes in stream slots and ready batches, and pending bytes.  Any
  * thread, relaxed (a racy sum, exact when quiescent). */
 void mp_streams_stats(magpool_t *pool, size_t *cached, size_t *pending);
-/* Synchronises the streams that hold pending batches (trying each entry's
- * lock, skipping busy ones), then waits for released streams' batches.
- * Returns how many waits it made.  Any thread. */
+/* Waits for every batch pending when it is called: synchronises each live
+ * stream that holds pending batches (under its entry's lock, so it cannot
+ * be released and destroyed meanwhile), waits for the callbacks of
+ * released streams' batches and of batches with no entry.  Returns how
+ * many waits it made.  Any thread holding no entry lock. */
 size_t mp_streams_wait_pending(magpool_t *pool);
 
 /* ---------------------------------------------------------- stream_cache.c */

@@ -73,7 +73,7 @@ static mp_mag *depot_put(magpool_t *pool, mp_tcache *tc, mp_mag *m, unsigned ord
     return m;
   }
   mp_fetch_add_relaxed(&d->bytes, bytes);
-  mp_stack_push_mpmc(d, m);
+  mp_stack_push_mpmc(pool, d, m);
   return NULL;
 }
 
@@ -82,7 +82,7 @@ void mp_depot_drain(magpool_t *pool, mp_acct *a) {
   mp_acct *acct = a != NULL ? a : &local;
   for (unsigned k = 0; k < pool->nclasses; k++) {
     mp_mag *m;
-    while ((m = mp_stack_pop_mpmc(&pool->depot[k])) != NULL) {
+    while ((m = mp_stack_pop_mpmc(pool, &pool->depot[k])) != NULL) {
       int64_t bytes = (int64_t)m->count * (int64_t)mp_block_bytes(pool, k);
       mp_fetch_add_relaxed(&pool->depot[k].bytes, -bytes);
       mp_blocks_give(pool, acct, m->slot, m->count, k);
@@ -106,7 +106,7 @@ void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
     cached_add(tc, -(int64_t)bs);
     return m->slot[--m->count];
   }
-  if ((m = mp_stack_pop_mpmc(&pool->depot[order])) != NULL) { /* full from depot */
+  if ((m = mp_stack_pop_mpmc(pool, &pool->depot[order])) != NULL) { /* full from depot */
     int64_t bytes = (int64_t)m->count * (int64_t)bs;
     mp_fetch_add_relaxed(&pool->depot[order].bytes, -bytes);
     cached_add(tc, bytes);

@@ -51,9 +51,10 @@ static int config_load(const magpool_config_t *in, magpool_config_t *out) {
   out->struct_size = sizeof *out;
   size_t mb = out->min_block;
   if (mb < 16 || mb > 65536 || (mb & (mb - 1)) != 0) return MAGPOOL_EINVAL;
+  /* The cap is checked against the size asked for, before rounding. */
+  if (out->max_pool_size != 0 && out->max_pool_size < out->pool_size) return MAGPOOL_EINVAL;
   out->pool_size &= ~(mb - 1);
   if (out->pool_size < mb) return MAGPOOL_EINVAL;
-  if (out->max_pool_size != 0 && out->max_pool_size < out->pool_size) return MAGPOOL_EINVAL;
   /* Cached blocks stay under 32 MiB so their header's slack field never
    * needs the big-slack words (the fast paths rely on it). */
   if (out->cache_max_block > ((size_t)16 << 20)) out->cache_max_block = (size_t)16 << 20;
@@ -133,8 +134,10 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
     rc = pool->src->open(&pool->src_ctx, &c);
     if (rc != 0) goto fail;
   }
-  rc = mp_region_add(pool, c.pool_size);
+  rc = mp_mags_init(pool);
   if (rc != 0) goto fail_src;
+  rc = mp_region_add(pool, c.pool_size);
+  if (rc != 0) goto fail_mags;
   mp_stream_cache_init();
   mp_atomic_init(&pool->stream_epoch, 1);
   rc = mp_stream_table_init(pool);
@@ -144,6 +147,8 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
 
 fail_region:
   mp_region_destroy(pool, pool->regions[0]);
+fail_mags:
+  mp_mags_destroy(pool);
 fail_src:
   if (pool->src->close != NULL) pool->src->close(pool->src_ctx);
 fail:
@@ -157,8 +162,12 @@ int magpool_destroy(magpool_t *pool) {
   if (pool == NULL) return MAGPOOL_EINVAL;
   MP_DBG_ENTER(pool);
   if (MP_DEBUG >= 2) mp_debug_check_quiescent(pool);
-  mp_streams_destroy(pool);
+  /* Thread records first: a thread that is exiting right now is walking
+   * its stream slots, and tcaches_destroy waits for it; only then may
+   * the slots go. */
   mp_tcaches_destroy(pool);
+  MP_HOOK(MP_HOOK_DESTROY_STREAMS, pool);
+  mp_streams_destroy(pool);
   mp_mags_destroy(pool);
   mp_track_destroy(pool);
   unsigned n = mp_load_acquire(&pool->nregions);
@@ -172,38 +181,50 @@ int magpool_destroy(magpool_t *pool) {
 
 /* ---------------------------------------------------------------- ladder */
 
-/* Each rung frees more, at a higher price, and is tried once per request:
+/* Rounds the ladder makes while completions keep coming (see below). */
+#define MP_LADDER_ROUNDS 64
+
+/* The out-of-memory promise (magpool.h): MAGPOOL_ENOMEM only when the
+ * request does not fit after every rung.  Each rung frees more, at a
+ * higher price; after each, the take is tried again:
  *   0  completed stream frees: drain the ready list
- *   1  caches: ours, every stream slot, every depot; then coalesce
- *   2  wait for the streams that hold pending frees; drain, coalesce
- *   3+ grow, as long as growing helps; else MAGPOOL_ENOMEM
+ *   1  caches: ours, every stream slot (retired behind its stream), every
+ *      depot; drain; coalesce
+ *   2  wait for every batch pending now, whatever its stream; drain;
+ *      coalesce
+ *   3  grow, as long as growing helps
+ * A round that ends with batches still pending or ready (other threads
+ * free on streams meanwhile) is followed by another, up to
+ * MP_LADDER_ROUNDS: a completion that is known to be coming is waited for.
  * Other threads' thread magazines are not taken here (they return theirs
  * at their next call after a trim). */
 void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order) {
-  for (unsigned step = 0;; step++) {
-    unsigned seen = mp_load_acquire(&pool->nregions);
-    void *p = mp_region_take(pool, &tc->acct, order);
-    if (p != NULL) return p;
-    switch (step) {
-    case 0: /* 1. completed stream frees: drain the ready lists */
-      mp_retire_drain(pool, &tc->acct);
-      break;
-    case 1: /* 2. caches: ours, then every depot, then finish coalescing */
-      mp_tcache_flush(pool, tc);
-      mp_streams_flush_caches(pool);
-      mp_depot_drain(pool, &tc->acct);
-      mp_regions_coalesce(pool);
-      break;
-    case 2: /* 3. wait for streams that hold pending frees */
-      if (mp_streams_wait_pending(pool) > 0) {
+  for (unsigned round = 0;; round++) {
+    for (unsigned rung = 0;; rung++) {
+      unsigned seen = mp_load_acquire(&pool->nregions);
+      void *p = mp_region_take(pool, &tc->acct, order);
+      if (p != NULL) return p;
+      MP_HOOK(MP_HOOK_LADDER_RUNG, (void *)(uintptr_t)rung);
+      if (rung == 0) {
+        mp_retire_drain(pool, &tc->acct);
+      } else if (rung == 1) {
+        mp_tcache_flush(pool, tc);
+        mp_streams_flush_caches(pool);
+        mp_depot_drain(pool, &tc->acct);
         mp_retire_drain(pool, &tc->acct);
         mp_regions_coalesce(pool);
+      } else if (rung == 2) {
+        mp_streams_wait_pending(pool);
+        mp_retire_drain(pool, &tc->acct);
+        mp_regions_coalesce(pool);
+      } else if (mp_region_grow(pool, order, seen) != 0) {
+        break; /* growing no longer helps */
       }
-      break;
-    default: /* 4. grow, as long as growing helps; 5. fail */
-      if (mp_region_grow(pool, order, seen) != 0) return mp_fail(MAGPOOL_ENOMEM);
-      break;
     }
+    if (round + 1 >= MP_LADDER_ROUNDS ||
+        (mp_load_acquire(&pool->retire.pending_batches) == 0 &&
+         mp_load_acquire(&pool->retire.ready) == NULL))
+      return mp_fail(MAGPOOL_ENOMEM);
   }
 }
 

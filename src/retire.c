@@ -49,7 +49,7 @@ static void batch_done(void *arg, int status) {
   mp_fetch_add_relaxed(&rt->ready_bytes, b->bytes);
   mp_fetch_add_relaxed(&rt->pending_bytes, -b->bytes);
   ready_push_mp(rt, b);
-  if (pending != NULL) mp_fetch_add_acq_rel(pending, -1);
+  mp_fetch_add_acq_rel(pending, -1);
   /* Last: destroy waits for pending_batches == 0 and then frees the pool;
    * after this RMW the callback touches nothing of it. */
   mp_fetch_add_acq_rel(&rt->pending_batches, -1);
@@ -65,6 +65,7 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t
     mp_acct_settle(pool, &a);
     return;
   }
+  if (pending == NULL) pending = &rt->orphan_pending;
   b->pool = pool;
   b->pending = pending;
   b->mags = chain;
@@ -73,7 +74,7 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t
     b->bytes += (int64_t)m->count * (int64_t)mp_block_bytes(pool, m->order);
   mp_fetch_add_relaxed(&rt->pending_bytes, b->bytes);
   mp_fetch_add_acq_rel(&rt->pending_batches, 1);
-  if (pending != NULL) mp_fetch_add_acq_rel(pending, 1);
+  mp_fetch_add_acq_rel(pending, 1);
   int rc = pool->sops->after(pool->src_ctx, h, batch_done, b);
   if (rc != 0) {
     pool->sops->sync(pool->src_ctx, h);
@@ -100,27 +101,26 @@ size_t mp_retire_drain(magpool_t *pool, mp_acct *a) {
   return n;
 }
 
-void mp_retire_wait_released(magpool_t *pool) {
-  mp_retire *rt = &pool->retire;
-  if (mp_load_acquire(&rt->pending_batches) == 0) return;
-  /* Wait for the whole device, or, on host streams, for the callbacks -
-   * at most a second, since a released host stream may be blocked. */
-  if (pool->sops->sync_all(pool->src_ctx) == 0) return;
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  while (mp_load_acquire(&rt->pending_batches) != 0) {
-    sched_yield();
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if (t.tv_sec - t0.tv_sec >= 1) break;
+void mp_retire_wait(magpool_t *pool, _Atomic int64_t *pending) {
+  if (mp_load_acquire(pending) == 0) return;
+  /* A device-wide wait covers every CUDA stream (callbacks included). */
+  if (pool->sops->sync_all(pool->src_ctx) == 0 && mp_load_acquire(pending) == 0) return;
+  /* Host streams, or a failed sync: the callbacks come from the streams'
+   * own threads.  Yield first, then sleep in short steps. */
+  for (unsigned spins = 0; mp_load_acquire(pending) != 0; spins++) {
+    if (spins < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 50 * 1000};
+      nanosleep(&ts, NULL);
+    }
   }
 }
 
 void mp_retire_fini(magpool_t *pool) {
   mp_retire *rt = &pool->retire;
   /* Every callback must have run before the pool's memory goes away. */
-  while (mp_load_acquire(&rt->pending_batches) != 0) {
-    if (pool->sops->sync_all(pool->src_ctx) != 0) sched_yield();
-  }
+  mp_retire_wait(pool, &rt->pending_batches);
   mp_batch *b = ready_take_all(rt);
   while (b != NULL) {
     mp_batch *n = b->next;

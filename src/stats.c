@@ -31,18 +31,24 @@ static int64_t depot_sum(magpool_t *pool) {
   return d;
 }
 
-static void tree_sums(magpool_t *pool, uint64_t *free_bytes, size_t *largest) {
-  uint64_t fb = 0;
+/* Free tree bytes: what the regions hold minus what the threads took out
+ * (sum of acct.held), so no bitmap is scanned.  Clamped: while threads
+ * run, the terms are read at slightly different instants. */
+static size_t tree_free(magpool_t *pool, const sums *s) {
+  uint64_t reserved = mp_load_relaxed(&pool->reserved);
+  return s->held < reserved ? (size_t)(reserved - s->held) : 0;
+}
+
+/* Largest free block: per region, the summaries of each level from the
+ * top order down; a level whose top summary word is 0 costs one load. */
+static size_t largest_free(magpool_t *pool) {
   size_t lg = 0;
   unsigned n = mp_load_acquire(&pool->nregions);
   for (unsigned i = 0; i < n; i++) {
-    mp_region *r = pool->regions[i];
-    fb += mp_tree_free_units(&r->tree) << pool->min_shift;
-    int o = mp_tree_largest_free_order(&r->tree);
+    int o = mp_tree_largest_free_order(&pool->regions[i]->tree);
     if (o >= 0 && mp_block_bytes(pool, (unsigned)o) > lg) lg = mp_block_bytes(pool, (unsigned)o);
   }
-  *free_bytes = fb;
-  *largest = lg;
+  return lg;
 }
 
 int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
@@ -62,9 +68,8 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   int64_t used = (int64_t)(s.held - s.cached) - (depot > 0 ? depot : 0) - (int64_t)scached -
                  (int64_t)spending;
   out->used_bytes = used > 0 ? (size_t)used : 0;
-  uint64_t fb;
-  tree_sums(pool, &fb, &out->largest_free_block);
-  out->free_bytes = (size_t)fb;
+  out->free_bytes = tree_free(pool, &s);
+  out->largest_free_block = largest_free(pool);
   out->alloc_count = s.allocs;
   out->free_count = s.frees;
   out->live_count = s.allocs - s.frees;
@@ -79,14 +84,11 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
 int magpool_mem_info(magpool_t *pool, size_t *free_bytes, size_t *total_bytes) {
   if (pool == NULL) return MAGPOOL_EINVAL;
   if (free_bytes != NULL) {
-    uint64_t fb;
-    size_t lg;
-    tree_sums(pool, &fb, &lg);
     sums s = sum_threads(pool);
     size_t scached = 0, spending = 0;
     mp_streams_stats(pool, &scached, &spending);
     int64_t depot = depot_sum(pool);
-    *free_bytes = (size_t)fb + (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
+    *free_bytes = tree_free(pool, &s) + (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
   }
   if (total_bytes != NULL) *total_bytes = mp_load_relaxed(&pool->reserved);
   return 0;
@@ -124,6 +126,8 @@ int magpool_check(magpool_t *pool) {
   uint64_t other = (st.cached_bytes + st.pending_bytes) >> pool->min_shift;
   if (free_units + live_units + other != total_units) return MAGPOOL_EINVAL;
   if ((live_units << pool->min_shift) != st.used_bytes) return MAGPOOL_EINVAL;
+  /* The stats' counters against the scan. */
+  if ((free_units << pool->min_shift) != st.free_bytes) return MAGPOOL_EINVAL;
   return 0;
 }
 

@@ -59,14 +59,23 @@ static void asym_init(void) {
 
 void mp_stream_cache_init(void) { pthread_once(&asym_once, asym_init); }
 
-/* The thief's side: a full barrier on every running thread. */
+/* The thief's side: a full barrier on every running thread.  Once
+ * registration succeeded, owners rely on it and fence no more, so a
+ * failing call (the kernel may answer ENOMEM) is retried, never replaced
+ * by a local fence: that would leave the owners' side without a barrier. */
 static void asym_heavy(void) {
   if (MP_TSAN) return; /* seq_cst flags instead */
 #if defined(__NR_membarrier)
-  if (mp_asym_ok && syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0)
+  if (mp_asym_ok) {
+    for (unsigned tries = 0;
+         syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0; tries++) {
+      if (tries < 16) sched_yield();
+      else usleep(1000);
+    }
     return;
+  }
 #endif
-  mp_fence_seq_cst();
+  mp_fence_seq_cst(); /* owners fence themselves (mp_asym_ok false) */
 }
 
 /* ----------------------------------------------------------------- slots */
@@ -260,19 +269,30 @@ void mp_streams_flush_caches(magpool_t *pool) {
   }
 }
 
+/* The owner's flush holds its entry's lock from before it reads the
+ * stream until the blocks are retired: a release (which takes the lock)
+ * cannot clear the stream in between, so the program cannot destroy the
+ * stream under the retire either.  Blocks never go to the tree here. */
 void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc) {
   for (mp_sslot *sl = tc->s_slots; sl != NULL; sl = sl->tnext) {
-    if (mp_load_relaxed(&sl->bytes) == 0 || !mp_slot_enter_owner(sl)) continue;
+    if (mp_load_relaxed(&sl->bytes) == 0) continue;
+    mp_sentry *e = sl->e;
+    mp_entry_lock(e);
+    /* Released: the release took what the slot held, and no async call on
+     * the stream may race a release, so the slot is empty.  Capturing: a
+     * callback may not be enqueued; the blocks stay cached until a later
+     * flush.  A thief holds revoke only under the entry lock, which we
+     * hold, so the enter cannot fail; it orders us after the last thief. */
+    if (mp_load_relaxed(&e->sid) == 0 || pool->sops->capturing(pool->src_ctx, e->handle) != 0 ||
+        !mp_slot_enter_owner(sl)) {
+      mp_entry_unlock(e);
+      continue;
+    }
     mp_mag *chain = slot_take_all(pool, sl);
     mp_slot_exit_owner(sl);
-    if (chain == NULL) continue;
-    mp_sentry *e = sl->e;
-    if (mp_load_acquire(&e->sid) != 0 && pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
-      mp_retire_chain(pool, &e->pending, e->handle, chain);
-    } else { /* stream gone (or capturing): wait for the device instead */
-      pool->sops->sync_all(pool->src_ctx);
-      mp_chain_give(pool, &tc->acct, chain);
-    }
+    MP_HOOK(MP_HOOK_SLOT_FLUSH, sl);
+    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
+    mp_entry_unlock(e);
   }
 }
 

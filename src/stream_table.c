@@ -51,7 +51,10 @@ bool mp_entry_try(mp_sentry *e) {
 void mp_entry_unlock(mp_sentry *e) { mp_store_release(&e->busy, 0); }
 
 void mp_entry_lock(mp_sentry *e) {
-  while (!mp_entry_try(e)) sched_yield(); /* slow paths only */
+  while (!mp_entry_try(e)) { /* slow paths only */
+    MP_HOOK(MP_HOOK_ENTRY_WAIT, e);
+    sched_yield();
+  }
 }
 
 /* --------------------------------------------------------------- lookups */
@@ -145,15 +148,20 @@ size_t mp_streams_wait_pending(magpool_t *pool) {
   for (unsigned i = 0; i < MP_STREAM_TABLE; i++) {
     mp_sentry *e = mp_load_acquire(&ss->tab[i]);
     if (e == NULL || mp_load_acquire(&e->pending) == 0) continue;
-    if (!mp_entry_try(e)) continue;
-    /* Sync under the entry lock: a release (which takes it) cannot retire
-     * the entry, and its stream be destroyed, while we wait on it. */
-    if (mp_load_relaxed(&e->sid) != 0 && pool->sops->sync(pool->src_ctx, e->handle) == 0) n++;
+    mp_entry_lock(e);
+    /* Under the entry lock a release cannot retire the entry, and so the
+     * program cannot destroy its stream, while we wait on it.  A stream
+     * is in order: once it is synchronised, every batch retired on it so
+     * far has run its callback. */
+    bool synced = mp_load_relaxed(&e->sid) != 0 && pool->sops->sync(pool->src_ctx, e->handle) == 0;
     mp_entry_unlock(e);
+    /* Released (its handle may be gone), or the sync failed: the entry
+     * gets no new batches once released, so its count only falls. */
+    if (!synced) mp_retire_wait(pool, &e->pending);
+    n++;
   }
-  if (mp_load_acquire(&pool->retire.pending_batches) != 0) {
-    /* Batches of released streams (or ones we could not sync). */
-    mp_retire_wait_released(pool);
+  if (mp_load_acquire(&pool->retire.orphan_pending) != 0) {
+    mp_retire_wait(pool, &pool->retire.orphan_pending);
     n++;
   }
   return n;

@@ -40,6 +40,7 @@ static void thread_exit(void *arg) {
     if (mp_cas_strong_acq_rel(&tc->state, &s, MP_TC_EXITING)) {
       magpool_t *pool = tc->pool;
       MP_DBG_ENTER(pool);
+      MP_HOOK(MP_HOOK_EXIT_FLUSH, tc);
       /* The slots' blocks go behind their streams; a slot whose stream
        * was released has been emptied by the release. */
       mp_streams_thread_flush(pool, tc);
@@ -48,6 +49,7 @@ static void thread_exit(void *arg) {
       mp_tcache_flush(pool, tc);
       mp_tcache_drop_mags(pool, tc);
       tc->thread_next = NULL;
+      MP_HOOK(MP_HOOK_EXIT_DONE, tc);
       MP_DBG_LEAVE(pool);
       /* RELEASE: the flushed record is complete before a new thread (CAS
        * FREE->LIVE, ACQUIRE) or the destroyer reuses or frees it. */
@@ -59,7 +61,17 @@ static void thread_exit(void *arg) {
   }
 }
 
-static void tls_key_init(void) { pthread_key_create(&tls_key, thread_exit); }
+static bool tls_key_made;
+
+static void tls_key_init(void) { tls_key_made = pthread_key_create(&tls_key, thread_exit) == 0; }
+
+/* The library is being unloaded (dlclose) or the process is exiting: no
+ * thread may call thread_exit, whose code is about to go away, any more.
+ * Records of threads still alive are then never returned (their memory
+ * goes with the pools, or with the process). */
+__attribute__((destructor)) static void tls_key_fini(void) {
+  if (tls_key_made) pthread_key_delete(tls_key);
+}
 
 mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
   mp_tcache *tc = NULL;

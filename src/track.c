@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 static _Thread_local const char *tls_tag;
 
@@ -69,6 +70,15 @@ int magpool_tracking_enable(magpool_t *pool, int on) {
         return MAGPOOL_ENOMEM;
       }
       pool->track = t;
+    } else {
+      /* Left from an earlier tracking period: frees made while tracking
+       * was off did not remove their entries, and nothing is live now, so
+       * every entry is stale. */
+      pthread_mutex_lock(&t->lk);
+      memset(t->tab, 0, t->cap * sizeof *t->tab);
+      t->n = 0;
+      t->used = 0;
+      pthread_mutex_unlock(&t->lk);
     }
     /* RELEASE: the table exists before any thread sees tracking on. */
     mp_store_release(&pool->tracking, 1);

@@ -107,17 +107,20 @@ typedef struct mp_mag {
   uint32_t count;
   uint32_t cap;
   uint32_t order; /* class of its blocks (set by mp_mag_new)          */
+  uint32_t idx;   /* 1-based index in the pool's slab table; immutable */
   void *slot[];
 } mp_mag;
 
 /* A lock-free LIFO of magazines (Treiber stack), push and pop from any
  * thread (mp_stack_push_mpmc / mp_stack_pop_mpmc).  ABA protection: the
- * head packs the pointer (magazines are 64-byte aligned, user space <
- * 2^47, so ptr >> 6 fits 41 bits) with a 23-bit version that every
- * successful push and pop increments.  A pop whose head was popped and
- * pushed back between its read and its CAS sees a different version and
- * retries.  Magazines are never unmapped while the pool lives, so reading
- * a stale head's `next` is safe (it is atomic, and the CAS then fails). */
+ * head packs the top magazine's 32-bit index (no pointer bits, so any
+ * address layout works) with a 32-bit version that every successful push
+ * and pop increments.  A pop whose head was popped and pushed back between
+ * its read and its CAS sees a different version and retries, unless
+ * exactly a multiple of 2^32 operations ran meanwhile (about two minutes
+ * of one core doing nothing else).  Magazines are never unmapped while the
+ * pool lives, so reading a stale head's `next` is safe (it is atomic, and
+ * the CAS then fails). */
 typedef struct mp_stack {
   _Atomic uint64_t head;
   _Atomic int64_t bytes; /* depots: bytes held (relaxed), on the head's line */
@@ -132,7 +135,8 @@ typedef struct mp_stack {
 typedef struct mp_batch {
   struct mp_batch *next;     /* ready-list link                        */
   magpool_t *pool;
-  _Atomic int64_t *pending;  /* the stream entry's batch count, or NULL */
+  _Atomic int64_t *pending;  /* the stream entry's batch count, or the
+                                pool's orphan_pending                   */
   int64_t bytes;
   mp_mag *mags;              /* chain via mag->next, order in mag->order */
 } mp_batch;
@@ -143,6 +147,8 @@ typedef struct mp_retire {
   _Atomic int64_t pending_batches; /* same, in batches; destroy waits 0  */
   _Atomic int64_t ready_bytes;     /* callback ran, not yet drained      */
   _Atomic(mp_batch *) ready;       /* push: CAS (callbacks); take: xchg  */
+  _Atomic int64_t orphan_pending;  /* batches of no stream entry (no host
+                                      memory for one), callback not run  */
 } mp_retire;
 
 /* ------------------------------------------------------ layer 4: caches */
@@ -278,7 +284,8 @@ struct magpool_s {
   mp_stack depot[MP_MAX_CLASSES]; /* full magazines                     */
   size_t depot_limit;          /* per class                             */
   mp_stack spare;              /* empty magazines of any class          */
-  _Atomic(void *) mag_chunks;  /* slabs magazines are carved from       */
+  _Atomic(char *) *mag_tab;    /* slab table (mag.c): index -> slab     */
+  _Atomic uint32_t mag_nslabs; /* slabs taken (may pass the table's size) */
 
   void *track;                 /* track.c state, NULL when off          */
   _Atomic int tracking;

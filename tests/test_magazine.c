@@ -93,7 +93,7 @@ Test(stack, lifo_single_thread) {
   mp_stack s;
   memset(&s, 0, sizeof s);
   cr_assert(((uintptr_t)&s & (MP_CACHELINE - 1)) == 0);
-  cr_assert_null(mp_stack_pop_mpmc(&s), "pop of an empty stack");
+  cr_assert_null(mp_stack_pop_mpmc(pool, &s), "pop of an empty stack");
 
   mp_mag *m[NSTACK_MAGS];
   for (int i = 0; i < NSTACK_MAGS; i++) {
@@ -103,36 +103,36 @@ Test(stack, lifo_single_thread) {
               (void *)m[i]);
     for (int j = 0; j < i; j++) cr_assert_neq(m[i], m[j]);
   }
-  for (int i = 0; i < NSTACK_MAGS; i++) mp_stack_push_mpmc(&s, m[i]);
+  for (int i = 0; i < NSTACK_MAGS; i++) mp_stack_push_mpmc(pool, &s, m[i]);
   for (int i = NSTACK_MAGS - 1; i >= 0; i--) {
-    mp_mag *x = mp_stack_pop_mpmc(&s);
+    mp_mag *x = mp_stack_pop_mpmc(pool, &s);
     cr_assert_eq(x, m[i], "pop %d: got %p, expected %p (LIFO)", i, (void *)x,
                  (void *)m[i]);
   }
-  cr_assert_null(mp_stack_pop_mpmc(&s));
+  cr_assert_null(mp_stack_pop_mpmc(pool, &s));
 
   /* Interleaved: push 0, 1; pop -> 1; push 2; pop -> 2, 0. */
-  mp_stack_push_mpmc(&s, m[0]);
-  mp_stack_push_mpmc(&s, m[1]);
-  cr_assert_eq(mp_stack_pop_mpmc(&s), m[1]);
-  mp_stack_push_mpmc(&s, m[2]);
-  cr_assert_eq(mp_stack_pop_mpmc(&s), m[2]);
-  cr_assert_eq(mp_stack_pop_mpmc(&s), m[0]);
-  cr_assert_null(mp_stack_pop_mpmc(&s));
+  mp_stack_push_mpmc(pool, &s, m[0]);
+  mp_stack_push_mpmc(pool, &s, m[1]);
+  cr_assert_eq(mp_stack_pop_mpmc(pool, &s), m[1]);
+  mp_stack_push_mpmc(pool, &s, m[2]);
+  cr_assert_eq(mp_stack_pop_mpmc(pool, &s), m[2]);
+  cr_assert_eq(mp_stack_pop_mpmc(pool, &s), m[0]);
+  cr_assert_null(mp_stack_pop_mpmc(pool, &s));
 
   /* The version tag: the same magazine pushed again after a pop gives a
    * different head word (this is what rejects an ABA'd CAS). */
-  mp_stack_push_mpmc(&s, m[3]);
+  mp_stack_push_mpmc(pool, &s, m[3]);
   uint64_t h1 = mp_load_relaxed(&s.head);
-  cr_assert_eq(mp_stack_pop_mpmc(&s), m[3]);
+  cr_assert_eq(mp_stack_pop_mpmc(pool, &s), m[3]);
   uint64_t h_empty = mp_load_relaxed(&s.head);
-  mp_stack_push_mpmc(&s, m[3]);
+  mp_stack_push_mpmc(pool, &s, m[3]);
   uint64_t h2 = mp_load_relaxed(&s.head);
   cr_assert_neq(h1, h2, "same head word %#llx after pop + push of the same "
                 "magazine: no ABA version", (unsigned long long)h1);
   cr_assert_neq(h_empty, 0, "empty head after a pop carries no version");
-  cr_assert_eq(mp_stack_pop_mpmc(&s), m[3]);
-  cr_assert_null(mp_stack_pop_mpmc(&s));
+  cr_assert_eq(mp_stack_pop_mpmc(pool, &s), m[3]);
+  cr_assert_null(mp_stack_pop_mpmc(pool, &s));
 
   for (int i = 0; i < NSTACK_MAGS; i++) mp_mag_free(pool, m[i]);
   cr_assert_eq(magpool_destroy(pool), 0);
@@ -142,6 +142,7 @@ Test(stack, lifo_single_thread) {
 #define TORTURE_ITERS 1000000
 
 typedef struct torture {
+  magpool_t *pool;
   mp_stack *s;
   mp_mag **mags;
   _Atomic int owner[NSTACK_MAGS]; /* 0 free, else thread id + 1 */
@@ -185,7 +186,7 @@ static void torture_release(torture *t, mp_mag *m, int i, int id) {
   /* Ownership ends before the push: another thread may pop it at once. */
   int prev = atomic_exchange(&t->owner[i], 0);
   if (prev != id + 1) atomic_fetch_add(&t->double_pops, 1);
-  mp_stack_push_mpmc(t->s, m);
+  mp_stack_push_mpmc(t->pool, t->s, m);
 }
 
 static void *torture_worker(void *vp) {
@@ -195,7 +196,7 @@ static void *torture_worker(void *vp) {
   mpt_rng r = mpt_rng_seed(1000 + (uint64_t)id);
   pthread_barrier_wait(&t->start);
   for (long it = 0; it < TORTURE_ITERS; it++) {
-    mp_mag *x = mp_stack_pop_mpmc(t->s);
+    mp_mag *x = mp_stack_pop_mpmc(t->pool, t->s);
     if (x == NULL) {
       sched_yield();
       continue;
@@ -208,7 +209,7 @@ static void *torture_worker(void *vp) {
     mp_mag *y = NULL;
     int iy = -1;
     if (mpt_below(&r, 2)) {
-      y = mp_stack_pop_mpmc(t->s);
+      y = mp_stack_pop_mpmc(t->pool, t->s);
       if (y != NULL) {
         atomic_fetch_add_explicit(&t->pops, 1, memory_order_relaxed);
         iy = torture_claim(t, y, id);
@@ -235,13 +236,14 @@ Test(stack, four_thread_torture, .timeout = 300) {
   mp_mag *mags[NSTACK_MAGS];
   torture *t = calloc(1, sizeof *t);
   cr_assert_not_null(t);
+  t->pool = pool;
   t->s = s;
   t->mags = mags;
   for (int i = 0; i < NSTACK_MAGS; i++) {
     mags[i] = mp_mag_new(pool, 0);
     cr_assert_not_null(mags[i]);
     mags[i]->order = (uint32_t)i; /* the index, checked on every release */
-    mp_stack_push_mpmc(s, mags[i]);
+    mp_stack_push_mpmc(pool, s, mags[i]);
   }
   cr_assert_eq(pthread_barrier_init(&t->start, NULL, TORTURE_THREADS), 0);
   pthread_t th[TORTURE_THREADS];
@@ -270,7 +272,7 @@ Test(stack, four_thread_torture, .timeout = 300) {
   int seen[NSTACK_MAGS] = {0};
   int n = 0;
   mp_mag *m;
-  while ((m = mp_stack_pop_mpmc(s)) != NULL) {
+  while ((m = mp_stack_pop_mpmc(pool, s)) != NULL) {
     int i = mag_index(t, m);
     cr_assert_geq(i, 0, "stack holds a foreign pointer %p", (void *)m);
     cr_assert_eq(seen[i], 0, "magazine %d is in the stack twice", i);
@@ -719,7 +721,7 @@ static unsigned depot_inspect(magpool_t *pool, unsigned order) {
   mp_mag *m[256];
   unsigned n = 0;
   int64_t bytes = 0;
-  while ((m[n] = mp_stack_pop_mpmc(&pool->depot[order])) != NULL) {
+  while ((m[n] = mp_stack_pop_mpmc(pool, &pool->depot[order])) != NULL) {
     cr_assert_eq(m[n]->order, order);
     cr_assert_eq(m[n]->count, m[n]->cap, "depot magazine not full (%u/%u)",
                  m[n]->count, m[n]->cap);
@@ -730,7 +732,7 @@ static unsigned depot_inspect(magpool_t *pool, unsigned order) {
   cr_assert_eq(bytes, mp_load_relaxed(&pool->depot[order].bytes),
                "depot holds %lld bytes, counts %lld", (long long)bytes,
                (long long)mp_load_relaxed(&pool->depot[order].bytes));
-  while (n > 0) mp_stack_push_mpmc(&pool->depot[order], m[--n]);
+  while (n > 0) mp_stack_push_mpmc(pool, &pool->depot[order], m[--n]);
   return (unsigned)(bytes / ((int64_t)pool->mag_cap[order] *
                              (int64_t)mp_block_bytes(pool, order)));
 }
@@ -804,7 +806,7 @@ Test(depot, overflow_drain_and_trim) {
   mp_depot_drain(pool, NULL);
   cr_assert_eq(depot_total(pool), 0);
   for (unsigned k = 0; k < MP_MAX_CLASSES; k++)
-    cr_assert_null(mp_stack_pop_mpmc(&pool->depot[k]), "depot %u not empty", k);
+    cr_assert_null(mp_stack_pop_mpmc(pool, &pool->depot[k]), "depot %u not empty", k);
   s = stats_of(pool);
   cr_assert_eq(s.cached_bytes, (size_t)cached_of(tc));
   cr_assert_eq(s.free_bytes, free_before + (size_t)dep);
