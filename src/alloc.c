@@ -14,25 +14,34 @@
 
 /* ------------------------------------------------------ allocation path */
 
+/* A thread-magazine miss, or an order no magazine holds: the magazines'
+ * slow path (record held), else the tree; the ladder (record not held)
+ * when both come up empty.  While a thief holds our magazines, the tree
+ * serves us directly. */
 static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
   mp_retire_drain(pool, &tc->acct); /* lazy coalescing of stream frees */
   void *p;
-  if (order < tc->nclasses) p = mp_cache_alloc_slow(pool, tc, order);
-  else p = mp_region_take(pool, &tc->acct, order);
+  if (order < tc->nclasses && mp_tcache_enter_owner(tc)) {
+    p = mp_cache_alloc_slow(pool, tc, order);
+    mp_tcache_exit_owner(tc);
+  } else {
+    p = mp_region_take(pool, &tc->acct, order);
+  }
   return p != NULL ? p : mp_ladder_take(pool, tc, order);
 }
 
 void *mp_alloc_order(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size,
                      uint32_t flags) {
-  void *p;
+  void *p = NULL;
   mp_mag *m;
-  if (order < tc->nclasses && (m = tc->cls[order].loaded) != NULL && m->count != 0) {
-    p = m->slot[--m->count];
-    mp_owner_add(&tc->st.cached, -(uint64_t)mp_block_bytes(pool, order));
-  } else {
-    p = alloc_slow(pool, tc, order);
-    if (p == NULL) return NULL;
+  if (order < tc->nclasses && mp_tcache_enter_owner(tc)) {
+    if ((m = tc->cls[order].loaded) != NULL && m->count != 0) {
+      p = m->slot[--m->count];
+      mp_owner_add(&tc->st.cached, -(uint64_t)mp_block_bytes(pool, order));
+    }
+    mp_tcache_exit_owner(tc);
   }
+  if (p == NULL && (p = alloc_slow(pool, tc, order)) == NULL) return NULL;
   return mp_hand_out(pool, tc, p, order, size, flags);
 }
 
@@ -50,7 +59,8 @@ static MP_NOINLINE void *alloc_full(magpool_t *pool, size_t size, uint32_t flags
  * are at most 16 MiB (pool.c's config check). */
 MP_INLINE void *alloc_impl(magpool_t *pool, size_t size, uint32_t flags) {
   mp_tcache *tc = mp_tls_last;
-  if (MP_LIKELY(mp_tcache_current(tc, pool) && size <= tc->cache_max)) {
+  if (MP_LIKELY(mp_tcache_current(tc, pool) && size <= tc->cache_max &&
+                mp_tcache_enter_owner(tc))) {
     unsigned order = mp_cached_order(tc, size);
     mp_mag *m = tc->cls[order].loaded;
     if (MP_LIKELY(m != NULL && m->count != 0)) {
@@ -59,13 +69,15 @@ MP_INLINE void *alloc_impl(magpool_t *pool, size_t size, uint32_t flags) {
       if (MP_LIKELY(off < tc->r0_bytes)) {
         size_t bs = (size_t)1 << (order + tc->shift);
         m->count--;
-        mp_store_relaxed(&tc->r0_hdr[off >> tc->shift], mp_hdr_make_small(order, bs - size, flags));
         mp_owner_add(&tc->st.cached, -(uint64_t)bs);
+        mp_tcache_exit_owner(tc);
+        mp_store_relaxed(&tc->r0_hdr[off >> tc->shift], mp_hdr_make_small(order, bs - size, flags));
         mp_owner_add(&tc->st.requested, size);
         mp_owner_add(&tc->st.allocs, 1);
         return p;
       }
     }
+    mp_tcache_exit_owner(tc);
   }
   return alloc_full(pool, size, flags);
 }
@@ -103,14 +115,23 @@ void mp_free_validated(magpool_t *pool, mp_tcache *tc, void *p, _Atomic uint32_t
   if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, p);
   mp_owner_add(&tc->st.requested, -(uint64_t)req);
   mp_owner_add(&tc->st.frees, 1);
-  mp_mag *m;
-  if (MP_LIKELY(order < tc->nclasses && (m = tc->cls[order].loaded) != NULL &&
-                m->count < m->cap && mp_load_relaxed(&tc->st.cached) + bs <= tc->limit)) {
-    m->slot[m->count++] = p; /* magazine hit */
-    mp_owner_add(&tc->st.cached, bs);
+  if (order >= tc->nclasses) {
+    mp_cache_free_slow(pool, tc, p, order); /* the tree: no magazine */
     return;
   }
-  mp_cache_free_slow(pool, tc, p, order);
+  if (MP_UNLIKELY(!mp_tcache_enter_owner(tc))) { /* a thief holds our magazines */
+    mp_region_give(pool, &tc->acct, p, order);
+    return;
+  }
+  mp_mag *m = tc->cls[order].loaded;
+  if (MP_LIKELY(m != NULL && m->count < m->cap &&
+                mp_load_relaxed(&tc->st.cached) + bs <= tc->limit)) {
+    m->slot[m->count++] = p; /* magazine hit */
+    mp_owner_add(&tc->st.cached, bs);
+  } else {
+    mp_cache_free_slow(pool, tc, p, order);
+  }
+  mp_tcache_exit_owner(tc);
 }
 
 static MP_NOINLINE int free_full(magpool_t *pool, void *p, size_t size, bool sized, bool scoped) {
@@ -139,15 +160,19 @@ MP_INLINE int free_impl(magpool_t *pool, void *p, size_t size, bool sized, bool 
       if (MP_LIKELY(order < tc->nclasses && mp_hdr_scoped(w) == scoped)) {
         size_t bs = (size_t)1 << (order + tc->shift);
         size_t req = bs - mp_hdr_slack_small(w);
-        mp_mag *m = tc->cls[order].loaded;
-        if (MP_LIKELY((!sized || size == req) && m != NULL && m->count < m->cap &&
-                      mp_load_relaxed(&tc->st.cached) + bs <= tc->limit)) {
-          mp_hdr_clear(h); /* claim (see mp_free_validated) */
-          m->slot[m->count++] = p;
-          mp_owner_add(&tc->st.cached, bs);
-          mp_owner_add(&tc->st.requested, -(uint64_t)req);
-          mp_owner_add(&tc->st.frees, 1);
-          return 0;
+        if (MP_LIKELY((!sized || size == req) && mp_tcache_enter_owner(tc))) {
+          mp_mag *m = tc->cls[order].loaded;
+          if (MP_LIKELY(m != NULL && m->count < m->cap &&
+                        mp_load_relaxed(&tc->st.cached) + bs <= tc->limit)) {
+            mp_hdr_clear(h); /* claim (see mp_free_validated) */
+            m->slot[m->count++] = p;
+            mp_owner_add(&tc->st.cached, bs);
+            mp_tcache_exit_owner(tc);
+            mp_owner_add(&tc->st.requested, -(uint64_t)req);
+            mp_owner_add(&tc->st.frees, 1);
+            return 0;
+          }
+          mp_tcache_exit_owner(tc);
         }
       }
     }

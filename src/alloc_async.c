@@ -44,7 +44,7 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   int rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
   if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
-  if (order < tc->s_nclasses && sl != NULL) {
+  if (order < pool->s_nclasses && sl != NULL) {
     void *p = mp_slot_pop_owner(pool, sl, order);
     if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
   }
@@ -100,7 +100,7 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot 
   if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, p);
   mp_owner_add(&tc->st.requested, -(uint64_t)req);
   mp_owner_add(&tc->st.frees, 1);
-  if (order < tc->s_nclasses && sl != NULL && mp_slot_push_owner(pool, sl, s, p, order))
+  if (order < pool->s_nclasses && sl != NULL && mp_slot_push_owner(pool, sl, s, p, order))
     return 0;
   /* Uncached: retire this block alone. */
   mp_mag *m = mp_mag_new(pool, order);

@@ -212,9 +212,6 @@ size_t mp_streams_wait_pending(magpool_t *pool);
 /* ---------------------------------------------------------- stream_cache.c */
 /* (the inline owner side of the slots is in stream_cache.h) */
 
-/* Once per process, before any pool exists: the revoke handshake's
- * membarrier registration. */
-void mp_stream_cache_init(void);
 /* The memo's slow path: resolves s to the owner's slot and memoises it.
  * Errors: MAGPOOL_EINVAL, MAGPOOL_ECAPTURE, MAGPOOL_ECUDA.  *out may be
  * NULL with 0 returned (table full, or no host memory: the stream then
@@ -243,8 +240,10 @@ void mp_streams_destroy(magpool_t *pool);
 
 /* -------------------------------------------------------------- magazine.c */
 
-/* Owner of tc only, for every function here.  The depots are shared
- * (mp_stack_*_mpmc); everything else is the owner's. */
+/* Every function here that touches tc's magazines runs with the record
+ * held: its owner inside mp_tcache_enter_owner/exit (thread.h), or a thief
+ * after the revoke handshake (mp_tcaches_steal).  The depots are shared
+ * (mp_stack_*_mpmc). */
 
 /* Thread-magazine miss for a cached order: swap in the previous magazine,
  * take a full one from the depot, or refill from the trees.  NULL if the
@@ -252,10 +251,12 @@ void mp_streams_destroy(magpool_t *pool);
  * out-of-memory ladder. */
 void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order);
 /* Thread-magazine free miss (full, over the budget, or not a cached
- * order): magazines, depot, or the tree. */
+ * order): magazines, depot, or the tree.  For an order the thread does not
+ * cache it only gives p to the tree, and needs the record held by no one. */
 void mp_cache_free_slow(magpool_t *pool, mp_tcache *tc, void *p, unsigned order);
-/* Returns every block tc's magazines hold to the trees. */
-void mp_tcache_flush(magpool_t *pool, mp_tcache *tc);
+/* Returns every block tc's magazines hold to the trees, counting the tree
+ * traffic in a (the owner's acct, or a thief's own). */
+void mp_tcache_flush(magpool_t *pool, mp_tcache *tc, mp_acct *a);
 /* Gives tc's (empty) magazines back to the spare list. */
 void mp_tcache_drop_mags(magpool_t *pool, mp_tcache *tc);
 /* Empties every depot into the trees.  Any thread (a: the caller's
@@ -267,6 +268,12 @@ void mp_depot_drain(magpool_t *pool, mp_acct *a);
 
 /* Destroy: orphans live records, frees the others. */
 void mp_tcaches_destroy(magpool_t *pool);
+/* The ladder's reach into other threads' caches, idle threads included:
+ * takes every other live record's magazines over with the revoke
+ * handshake and gives their blocks to the trees, counted in a.  Skips a
+ * record another thief holds.  Any thread holding no record (self is the
+ * caller's, or NULL).  Returns the bytes given back. */
+size_t mp_tcaches_steal(magpool_t *pool, mp_tcache *self, mp_acct *a);
 
 /* ============================================================ layer 5 */
 

@@ -4,8 +4,11 @@
  * returns NULL: the out-of-memory ladder is the API layer's.
  *
  * Concurrency contract:
- *   tc magazines (cls[]) ........ owner thread only (plain loads/stores)
- *   tc->st ...................... owner writes (plain add), anyone reads
+ *   tc magazines (cls[]) and .... the owner inside mp_tcache_enter_owner/
+ *   tc->st.cached                 exit (thread.h), or a thief that took the
+ *                                 record over (mp_tcaches_steal): plain
+ *                                 loads and stores either way
+ *   tc->st (the others) ......... owner writes (plain add), anyone reads
  *                                 (relaxed)
  *   depot stacks ................ any thread push/pop (mp_stack_*_mpmc);
  *                                 their byte counts are relaxed RMW
@@ -35,9 +38,10 @@ static void mag_flush_half(magpool_t *pool, mp_tcache *tc, mp_mag *m, unsigned o
   cached_add(tc, -(int64_t)k * (int64_t)mp_block_bytes(pool, order));
 }
 
-static void mag_flush_all(magpool_t *pool, mp_tcache *tc, mp_mag *m, unsigned order) {
+static void mag_flush_all(magpool_t *pool, mp_tcache *tc, mp_acct *a, mp_mag *m,
+                          unsigned order) {
   if (m == NULL || m->count == 0) return;
-  mp_blocks_give(pool, &tc->acct, m->slot, m->count, order);
+  mp_blocks_give(pool, a, m->slot, m->count, order);
   cached_add(tc, -(int64_t)m->count * (int64_t)mp_block_bytes(pool, order));
   m->count = 0;
 }
@@ -191,12 +195,12 @@ void mp_cache_free_slow(magpool_t *pool, mp_tcache *tc, void *p, unsigned order)
   cached_add(tc, (int64_t)bs);
 }
 
-void mp_tcache_flush(magpool_t *pool, mp_tcache *tc) {
+void mp_tcache_flush(magpool_t *pool, mp_tcache *tc, mp_acct *a) {
   for (unsigned k = 0; k < tc->nclasses; k++) {
-    mag_flush_all(pool, tc, tc->cls[k].loaded, k);
-    mag_flush_all(pool, tc, tc->cls[k].prev, k);
+    mag_flush_all(pool, tc, a, tc->cls[k].loaded, k);
+    mag_flush_all(pool, tc, a, tc->cls[k].prev, k);
   }
-  mp_acct_flush(pool, &tc->acct);
+  mp_acct_flush(pool, a);
 }
 
 /* Gives the (empty) magazines back to the spare stack. */

@@ -138,7 +138,7 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   if (rc != 0) goto fail_src;
   rc = mp_region_add(pool, c.pool_size);
   if (rc != 0) goto fail_mags;
-  mp_stream_cache_init();
+  mp_revoke_init();
   mp_atomic_init(&pool->stream_epoch, 1);
   rc = mp_stream_table_init(pool);
   if (rc != 0) goto fail_region;
@@ -188,16 +188,17 @@ int magpool_destroy(magpool_t *pool) {
  * request does not fit after every rung.  Each rung frees more, at a
  * higher price; after each, the take is tried again:
  *   0  completed stream frees: drain the ready list
- *   1  caches: ours, every stream slot (retired behind its stream), every
- *      depot; drain; coalesce
+ *   1  caches: ours, every other thread's (idle ones included, taken
+ *      over with the revoke handshake), every stream slot (retired behind
+ *      its stream), every depot; drain; coalesce
  *   2  wait for every batch pending now, whatever its stream; drain;
  *      coalesce
  *   3  grow, as long as growing helps
  * A round that ends with batches still pending or ready (other threads
  * free on streams meanwhile) is followed by another, up to
  * MP_LADDER_ROUNDS: a completion that is known to be coming is waited for.
- * Other threads' thread magazines are not taken here (they return theirs
- * at their next call after a trim). */
+ * The caller holds no lock and is outside its record's critical section
+ * on every rung, so two ladders never wait for each other. */
 void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order) {
   for (unsigned round = 0;; round++) {
     for (unsigned rung = 0;; rung++) {
@@ -208,7 +209,10 @@ void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order) {
       if (rung == 0) {
         mp_retire_drain(pool, &tc->acct);
       } else if (rung == 1) {
-        mp_tcache_flush(pool, tc);
+        mp_tcache_enter_owner_wait(tc);
+        mp_tcache_flush(pool, tc, &tc->acct);
+        mp_tcache_exit_owner(tc);
+        mp_tcaches_steal(pool, tc, &tc->acct);
         mp_streams_flush_caches(pool);
         mp_depot_drain(pool, &tc->acct);
         mp_retire_drain(pool, &tc->acct);
@@ -238,7 +242,9 @@ int magpool_trim(magpool_t *pool) {
   uint64_t ep = mp_fetch_add_acq_rel(&pool->trim_epoch, 1) + 1;
   mp_tcache *tc = mp_tcache_get(pool);
   if (tc != NULL) {
-    mp_tcache_flush(pool, tc);
+    mp_tcache_enter_owner_wait(tc);
+    mp_tcache_flush(pool, tc, &tc->acct);
+    mp_tcache_exit_owner(tc);
     tc->epoch = ep;
   }
   mp_acct *a = tc != NULL ? &tc->acct : NULL;

@@ -10,20 +10,8 @@
  * one-entry memo maps (handle, epoch) to the slot; magpool_stream_release
  * bumps the epoch, so no memo outlives a release.
  *
- * The revoke handshake (an asymmetric Dekker, as liburcu's membarrier
- * flavour uses).  Owner (stream_cache.h): store active = 1, then load
- * revoke; touch the cache only if revoke is 0, and store active = 0
- * (RELEASE) after.  Thief (entry_steal_locked): store revoke = 1, run
- * membarrier(PRIVATE_EXPEDITED) - which makes every running thread of the
- * process execute a full barrier - then wait for active == 0 (ACQUIRE),
- * take the cache, and store revoke = 0 (RELEASE).  Either the owner's
- * store of active reached the thief (it waits), or the owner's load of
- * revoke came after the barrier and sees 1 (it backs off): they never both
- * touch the cache.  The owner pays two plain stores and a plain load; the
- * thief pays one system call.  Where membarrier is unavailable, the owner
- * issues a full fence instead.  Under TSan, which models neither, both
- * sides use seq_cst operations on the flags: the same argument in the one
- * total order.
+ * Thieves take slots over with the revoke handshake (revoke.h), holding
+ * the slot's entry lock, which also keeps thieves of one entry apart.
  *
  * Concurrency contract:
  *   slot cache (mag, full) ... owner inside enter/exit, or a thief holding
@@ -38,45 +26,8 @@
  */
 #include "stream_cache.h"
 
-#include <linux/membarrier.h>
-#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-bool mp_asym_ok;
-static pthread_once_t asym_once = PTHREAD_ONCE_INIT;
-
-static void asym_init(void) {
-#if defined(__NR_membarrier)
-  long q = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
-  if (q > 0 && (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
-      syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
-    mp_asym_ok = true;
-#endif
-}
-
-void mp_stream_cache_init(void) { pthread_once(&asym_once, asym_init); }
-
-/* The thief's side: a full barrier on every running thread.  Once
- * registration succeeded, owners rely on it and fence no more, so a
- * failing call (the kernel may answer ENOMEM) is retried, never replaced
- * by a local fence: that would leave the owners' side without a barrier. */
-static void asym_heavy(void) {
-  if (MP_TSAN) return; /* seq_cst flags instead */
-#if defined(__NR_membarrier)
-  if (mp_asym_ok) {
-    for (unsigned tries = 0;
-         syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0; tries++) {
-      if (tries < 16) sched_yield();
-      else usleep(1000);
-    }
-    return;
-  }
-#endif
-  mp_fence_seq_cst(); /* owners fence themselves (mp_asym_ok false) */
-}
 
 /* ----------------------------------------------------------------- slots */
 
@@ -130,17 +81,15 @@ static mp_mag *entry_steal_locked(magpool_t *pool, mp_sentry *e) {
   bool any = false;
   for (mp_sslot *sl = head; sl != NULL; sl = sl->next) {
     if (mp_load_relaxed(&sl->bytes) == 0) continue;
-    mp_store_seq_cst(&sl->revoke, 1);
+    mp_revoke_begin(&sl->rv);
     any = true;
   }
   if (!any) return NULL;
-  asym_heavy();
+  mp_revoke_barrier();
   mp_mag *chain = NULL;
   for (mp_sslot *sl = head; sl != NULL; sl = sl->next) {
-    if (mp_load_relaxed(&sl->revoke) == 0) continue;
-    /* ACQUIRE (the seq_cst load): pairs with mp_slot_exit_owner's
-     * RELEASE; the owner's cache writes are visible. */
-    while (mp_load_seq_cst(&sl->active) != 0) sched_yield();
+    if (mp_load_relaxed(&sl->rv.revoke) == 0) continue;
+    mp_revoke_wait(&sl->rv); /* the owner's cache writes are visible */
     mp_mag *c = slot_take_all(pool, sl);
     while (c != NULL) {
       mp_mag *n = mp_load_relaxed(&c->next);
@@ -148,8 +97,7 @@ static mp_mag *entry_steal_locked(magpool_t *pool, mp_sentry *e) {
       chain = c;
       c = n;
     }
-    /* RELEASE: the emptied cache is visible to the owner's next enter. */
-    mp_store_release(&sl->revoke, 0);
+    mp_revoke_end(&sl->rv); /* the emptied cache is visible to the owner */
   }
   return chain;
 }

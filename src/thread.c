@@ -46,8 +46,10 @@ static void thread_exit(void *arg) {
       mp_streams_thread_flush(pool, tc);
       tc->s_slot = NULL;
       tc->s_handle = NULL;
-      mp_tcache_flush(pool, tc);
+      mp_tcache_enter_owner_wait(tc); /* a thief that began before EXITING */
+      mp_tcache_flush(pool, tc, &tc->acct);
       mp_tcache_drop_mags(pool, tc);
+      mp_tcache_exit_owner(tc);
       tc->thread_next = NULL;
       MP_HOOK(MP_HOOK_EXIT_DONE, tc);
       MP_DBG_LEAVE(pool);
@@ -132,20 +134,25 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
     tc->epoch = ep;
     mp_tls_last = tc;
     mp_streams_thread_flush(pool, tc);
-    mp_tcache_flush(pool, tc);
+    mp_tcache_enter_owner_wait(tc);
+    mp_tcache_flush(pool, tc, &tc->acct);
+    mp_tcache_exit_owner(tc);
   }
   /* Tracking needs every allocation on a path that records it: it turns
    * the caches off (magpool_tracking_enable bumps the epoch to get here). */
   bool on = pool->nclasses != 0 && !mp_load_acquire(&pool->tracking);
+  bool son = pool->s_nclasses != 0 && !mp_load_acquire(&pool->tracking);
+  /* Held: a thief reads nclasses to find the magazines. */
+  mp_tcache_enter_owner_wait(tc);
   if (!on && tc->nclasses != 0) {
-    mp_tcache_flush(pool, tc);
+    mp_tcache_flush(pool, tc, &tc->acct);
     mp_tcache_drop_mags(pool, tc);
   }
   tc->nclasses = on ? pool->nclasses : 0;
-  bool son = pool->s_nclasses != 0 && !mp_load_acquire(&pool->tracking);
+  tc->cache_max = on ? mp_block_bytes(pool, pool->nclasses - 1) : 0;
+  mp_tcache_exit_owner(tc);
   tc->s_nclasses = son ? pool->s_nclasses : 0;
   tc->s_cache_max = son ? mp_block_bytes(pool, pool->s_nclasses - 1) : 0;
-  tc->cache_max = on ? mp_block_bytes(pool, pool->nclasses - 1) : 0;
   mp_tls_last = tc;
   return tc;
 }
@@ -176,4 +183,40 @@ void mp_tcaches_destroy(magpool_t *pool) {
     t = next;
   }
   pool->tcaches = NULL;
+}
+
+void mp_tcache_enter_owner_wait(mp_tcache *tc) {
+  while (!mp_tcache_enter_owner(tc)) sched_yield();
+}
+
+/* Thieves: lock (a token unique to this call: the address of a local),
+ * announce on every candidate, one barrier for all, then take each one's
+ * magazines as its owner leaves. */
+size_t mp_tcaches_steal(magpool_t *pool, mp_tcache *self, mp_acct *a) {
+  char token_obj;
+  uintptr_t token = (uintptr_t)&token_obj;
+  size_t n = 0;
+  for (mp_tcache *t = mp_load_acquire(&pool->tcaches); t != NULL; t = t->pool_next) {
+    uintptr_t free_tok = 0;
+    if (t == self || mp_load_acquire(&t->state) != MP_TC_LIVE ||
+        mp_load_relaxed(&t->st.cached) == 0 || mp_load_relaxed(&t->thief) != 0 ||
+        !mp_cas_strong_acquire(&t->thief, &free_tok, token))
+      continue;
+    mp_revoke_begin(&t->rv);
+    n++;
+  }
+  if (n == 0) return 0;
+  mp_revoke_barrier();
+  size_t bytes = 0;
+  for (mp_tcache *t = mp_load_acquire(&pool->tcaches); t != NULL; t = t->pool_next) {
+    if (mp_load_relaxed(&t->thief) != token) continue;
+    mp_revoke_wait(&t->rv);
+    bytes += (size_t)mp_load_relaxed(&t->st.cached);
+    mp_tcache_flush(pool, t, a);
+    mp_revoke_end(&t->rv);
+    /* RELEASE: our writes to the record are done before the next thief's
+     * ACQUIRE lock. */
+    mp_store_release(&t->thief, 0);
+  }
+  return bytes;
 }

@@ -30,6 +30,13 @@ MP_INLINE mp_tcache *mp_tcache_get(magpool_t *pool) {
   return mp_tcache_get_slow(pool);
 }
 
+/* Owner: hold the record's magazines, or back off (false: the ladder of
+ * another thread is taking them over; revoke.h). */
+MP_INLINE bool mp_tcache_enter_owner(mp_tcache *tc) { return mp_revoke_enter_owner(&tc->rv); }
+MP_INLINE void mp_tcache_exit_owner(mp_tcache *tc) { mp_revoke_exit_owner(&tc->rv); }
+/* Owner: hold them, waiting out a thief (whose steal never blocks). */
+void mp_tcache_enter_owner_wait(mp_tcache *tc);
+
 /* Order of a request the fast paths may serve (size <= a cache's largest
  * class, so no overflow): ceil(log2(ceil(size / min_block))). */
 MP_INLINE unsigned mp_cached_order(const mp_tcache *tc, size_t size) {

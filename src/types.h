@@ -29,6 +29,7 @@
 
 #include "atomic.h"
 #include "base.h"
+#include "revoke.h"
 #include "tree.h"
 
 /* ------------------------------------------------------ layer 1: memory */
@@ -157,14 +158,14 @@ typedef struct mp_retire {
  * the stream, reusable at once by this thread's allocations on it.  The
  * owner touches the cache with plain loads and stores between
  * mp_slot_enter_owner and mp_slot_exit_owner; a thief (release, trim, the
- * ladder) takes it over with the revoke handshake (stream_cache.h). */
+ * ladder), holding the entry lock, takes it over with the revoke
+ * handshake (revoke.h). */
 typedef struct mp_sslot {
   struct mp_tcache *owner;      /* immutable                             */
   struct mp_sentry *e;          /* immutable                             */
   struct mp_sslot *next;        /* entry's list (immutable once pushed)  */
   struct mp_sslot *tnext;       /* owner record's list (owner only)      */
-  _Atomic int active;           /* owner inside its critical section     */
-  _Atomic int revoke;           /* a thief wants, or has, the cache      */
+  mp_revoke rv;                 /* owner vs thieves (revoke.h)           */
   _Atomic int64_t bytes;        /* bytes cached (written as the cache,
                                    read by stats, relaxed)               */
   mp_mag *mag[MP_MAX_CLASSES];  /* loaded magazine per class             */
@@ -219,12 +220,17 @@ enum { MP_TC_FREE = 0, MP_TC_LIVE, MP_TC_EXITING, MP_TC_ORPHAN };
  *   FREE -> LIVE        a thread adopts it (new or reused record)
  *   LIVE -> EXITING     its thread exits, returns the caches, -> FREE
  *   LIVE -> ORPHAN      the pool is destroyed; the thread frees it
- * Only the owner touches the magazines and the memo; others read `st`,
- * `acct.held` and `state`. */
+ * Only the owner touches the memo.  The magazines and st.cached: the
+ * owner inside mp_tcache_enter_owner/exit, or a thief holding `thief`
+ * after the revoke handshake (mp_tcaches_steal), which accounts the tree
+ * traffic in its own acct.  Others read `st`, `acct.held` and `state`. */
 typedef struct mp_tcache {
   /* Hot: everything the fast paths read, in the first cache lines. */
   magpool_t *pool;
   uint64_t epoch;        /* pool->trim_epoch last seen                 */
+  mp_revoke rv;          /* the magazines and st.cached: owner inside
+                            enter/exit, or a thief (the ladder) holding
+                            `thief` after revoke (revoke.h)            */
   unsigned nclasses;     /* 0 when caching is off or tracking is on    */
   unsigned s_nclasses;   /* stream-cache classes for the fast paths (0
                             while tracking is on)                      */
@@ -248,6 +254,7 @@ typedef struct mp_tcache {
   bool s_check_capture;  /* CUDA streams: frees ask about capture     */
   mp_sslot *s_slots;
   _Atomic int state;
+  _Atomic uintptr_t thief;       /* thieves' lock: a thief's token, or 0 */
   struct mp_tcache *pool_next;   /* pool list; set before publication  */
   struct mp_tcache *thread_next; /* owner thread's list                */
 } mp_tcache;
