@@ -8,6 +8,7 @@
 # ones after it, and the last line is "N passed, N failed":
 #   deps          apt-get install what is missing (as root, or with sudo):
 #                 build-essential cmake pkg-config libcriterion-dev
+#                 liburcu-dev
 #   configure     cmake in build/ (RelWithDebInfo, tests on, install prefix
 #                 a temporary directory)
 #   build         everything: library, Criterion tests, stress, bench
@@ -32,6 +33,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# shellcheck source=tools/lib.sh
+source "$root/tools/lib.sh"
 
 quick=0
 for arg in "$@"; do
@@ -44,71 +47,9 @@ done
 
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 b=${BUILD_DIR:-build}
-passed=${MAGPOOL_STEPS_PASSED:-0}
-failed=${MAGPOOL_STEPS_FAILED:-0}
-failed_steps=()
 
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/magpool-prefix.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT
-
-# step NAME DESCRIPTION COMMAND...: runs COMMAND in a subshell with
-# errexit on, and counts it.
-step() {
-  local name=$1 what=$2
-  shift 2
-  local t0=$SECONDS rc
-  echo
-  echo "=== step: $name - $what"
-  set +e
-  (set -euo pipefail; "$@")
-  rc=$?
-  set -e
-  if [[ $rc -eq 0 ]]; then
-    passed=$((passed + 1))
-    echo "=== PASS: $name ($((SECONDS - t0)) s)"
-  else
-    failed=$((failed + 1))
-    failed_steps+=("$name")
-    echo "=== FAIL: $name (exit $rc, $((SECONDS - t0)) s)"
-  fi
-}
-
-run() {
-  echo "+ $*"
-  "$@"
-}
-
-# ------------------------------------------------------------------ deps --
-packages=(build-essential cmake pkg-config libcriterion-dev)
-
-deps() {
-  if ! command -v dpkg-query >/dev/null; then
-    echo "not a Debian/Ubuntu system: install a C11 compiler, cmake >= 3.20,"
-    echo "pkg-config and Criterion yourself; checking the tools only"
-    command -v cmake && command -v cc && command -v pkg-config
-    return
-  fi
-  local missing=() p
-  for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
-      missing+=("$p")
-  done
-  if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "already installed: ${packages[*]}"
-    return
-  fi
-  local sudo=()
-  if [[ $(id -u) -ne 0 ]]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-      sudo=(sudo)
-    else
-      echo "missing: ${missing[*]}; run as root: apt-get install -y ${missing[*]}" >&2
-      return 1
-    fi
-  fi
-  run "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
-  run "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
-}
 
 # ------------------------------------------------------------ main build --
 configure() {
@@ -197,9 +138,4 @@ if [[ $quick -eq 0 ]]; then
   step asan-ctest "run every test under ASan + UBSan" asan_ctest
 fi
 
-echo
-if [[ $failed -gt 0 ]]; then
-  echo "failed steps: ${failed_steps[*]}"
-fi
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+steps_summary
