@@ -12,6 +12,9 @@
 #   configure     cmake in build/ (RelWithDebInfo, tests on, install prefix
 #                 a temporary directory)
 #   build         everything: library, Criterion tests, stress, bench
+#   layers        tools/check-layers.sh on build/libmagpool.a: calls go
+#                 down the layers of src/, no cycle, no file of src/ over
+#                 500 lines, atomics spelled out only in src/atomic.h
 #   ctest         ctest --output-on-failure in build/
 #   install       cmake --install into the temporary prefix
 #   consumer      tests/consumer built with find_package(magpool), shared
@@ -127,6 +130,8 @@ asan_ctest() {
 step deps "install the build dependencies if missing" deps
 step configure "cmake -S . -B $b (RelWithDebInfo, tests on)" configure
 step build "build library, tests, stress and bench" build
+step layers "tools/check-layers.sh on $b/libmagpool.a" \
+  run bash tools/check-layers.sh "$b"
 step ctest "run every registered test" run_ctest
 step install "cmake --install $b into a temporary prefix" install_prefix
 step consumer "find_package(magpool) consumer, shared and static" consumer_cmake
