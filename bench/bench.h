@@ -1,7 +1,9 @@
 /* bench.h - the harness shared by magpool-bench's source files.
  *
- * Map:
+ * Map (calls run one way: bench.c -> rows_*.c -> bench_harness.c):
  *   bench.c         command line, driver (threads, start gate, timing), report
+ *   bench_harness.c what every row's loop calls: clock, start gate,
+ *                   error note, CPU count
  *   rows_host.c     rows that need no GPU: floor, magpool, magpool-nocache,
  *                   magpool-locked
  *   rows_cuda.c     rows that need a GPU: magpool-device, magpool-async,
@@ -114,7 +116,7 @@ typedef struct bench_thread {
 } bench_thread;
 
 /* ------------------------------------------------------------------ */
-/* Harness helpers (bench.c)                                          */
+/* Harness helpers (bench_harness.c)                                  */
 /* ------------------------------------------------------------------ */
 
 uint64_t bench_now_ns(void);

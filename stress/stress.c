@@ -60,8 +60,10 @@
  *     it, through any path.  Only host-owned blocks enter the exchange.
  *   - At the end every stream is synchronised, released from the pool with
  *     magpool_stream_release, synchronised again, and destroyed.
- *   If the async API fails its first probe (not implemented yet), that is
- *   reported as a violation and the run goes on with the synchronous API.
+ *   The async API is probed first (64 bytes, allocated and freed on a
+ *   host stream).  A failure there is reported as a violation, and the
+ *   run goes on with the synchronous API so that the rest is still
+ *   checked.
  *
  * The last line printed is, exactly:
  *   stress: N ops, T threads, S s, X overlaps, Y lost
@@ -70,7 +72,7 @@
  * whole-pool allocation fails, what keeps the pool from being one block).
  *
  * Under ThreadSanitizer the defaults shrink (window of live blocks, churn
- * period).  The pool keeps its size: a small pool next to 4 MiB thread
+ * period).  The pool keeps its size: a small pool next to 8 MiB thread
  * caches and 8 MiB stream caches spends its time in the out-of-memory path.
  * This program uses only magpool.h.
  */

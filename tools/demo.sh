@@ -12,34 +12,14 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
+# shellcheck source=tools/lib.sh
+source "$root/tools/lib.sh"
 
-run() {
-  echo "+ $*"
-  "$@"
-}
-
-# -- dependencies: apt-get what is missing, when we can ---------------------
-packages=(build-essential cmake pkg-config libcriterion-dev)
-if command -v dpkg-query >/dev/null; then
-  missing=()
-  for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
-      missing+=("$p")
-  done
-  if [[ ${#missing[@]} -gt 0 ]]; then
-    sudo=()
-    if [[ $(id -u) -ne 0 ]]; then
-      if command -v sudo >/dev/null; then
-        sudo=(sudo)
-      else
-        echo "demo.sh: missing ${missing[*]}; install them as root" >&2
-        exit 1
-      fi
-    fi
-    echo "== installing ${missing[*]}"
-    run "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
-    run "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
-  fi
+# -- dependencies: apt-get what is missing, when we can -----------------------
+# shellcheck disable=SC2119 # deps takes --ci, which is not for here
+if ! deps; then
+  echo "demo.sh: could not install the build dependencies" >&2
+  exit 1
 fi
 
 # -- which rows -------------------------------------------------------------

@@ -1,114 +1,87 @@
 #!/usr/bin/env bash
 # tools/test.sh - install what is missing, build magpool, and run every test.
 #
-#   tools/test.sh           all steps (about 10 minutes on 2 cores)
-#   tools/test.sh --quick   skip the sanitizer builds (TSan stress, ASan+UBSan)
+#   tools/test.sh           all steps (about 5 minutes on 2 cores)
+#   tools/test.sh --quick   skip the debug and sanitizer builds
+#   tools/test.sh stress [plain|tsan|asan|all] [magpool-stress args...]
+#                           build magpool-stress in BUILD_DIR, BUILD_DIR-tsan
+#                           or BUILD_DIR-asan (all: the three in turn, the
+#                           default) and run it there; with no arguments
+#                           it runs --seconds 10 (plain) or --seconds 20
+#                           (sanitizers)
 #
 # Steps, each reported as PASS or FAIL; a failing step does not stop the
 # ones after it, and the last line is "N passed, N failed":
 #   deps          apt-get install what is missing (as root, or with sudo):
 #                 build-essential cmake pkg-config libcriterion-dev
+#                 liburcu-dev
 #   configure     cmake in build/ (RelWithDebInfo, tests on, install prefix
 #                 a temporary directory)
 #   build         everything: library, Criterion tests, stress, bench
+#   layers        tools/check-layers.sh on build/libmagpool.a: calls go
+#                 down the layers of src/, no cycle, no file of src/ over
+#                 500 lines, atomics spelled out only in src/atomic.h
 #   ctest         ctest --output-on-failure in build/
 #   install       cmake --install into the temporary prefix
 #   consumer      tests/consumer built with find_package(magpool), shared
 #                 and static, and run
 #   pkg-config    tests/consumer/pkgconfig.sh: the same program built with
 #                 pkg-config, shared and --static, and run
+#   (not with --quick:)
+#   debug-build   build-debug/, MAGPOOL_DEBUG=2 (every assertion, and the
+#                 tree and pool checkers at quiescent trims and at
+#                 destroy), CUDA off, everything
+#   debug-ctest   every test in build-debug/
 #   tsan-build    build-tsan/, MAGPOOL_SANITIZE=thread, target magpool-stress
 #   tsan-stress   magpool-stress --threads 4 --seconds 20 --seed 1 under TSan
 #   asan-build    build-asan/, ASan + UBSan, CUDA off, everything
 #   asan-ctest    every test (Criterion, stress, bench smoke) under
 #                 ASan + UBSan
+# `stress` mode runs deps, then FLAVOUR-build and FLAVOUR-stress for each
+# flavour (only the magpool-stress target is built).
 #
 # Environment: JOBS (build parallelism, default: number of CPUs);
-# BUILD_DIR (default build; the other directories are BUILD_DIR-tsan,
-# BUILD_DIR-asan and BUILD_DIR-consumer).
+# BUILD_DIR (default build; the other directories are BUILD_DIR-debug,
+# BUILD_DIR-tsan, BUILD_DIR-asan and BUILD_DIR-consumer); SECONDS_PLAIN
+# and SECONDS_SAN (the stress mode's default run lengths).
 # MAGPOOL_STEPS_PASSED / MAGPOOL_STEPS_FAILED start the counters (.ci/run
 # passes its own steps in, so that one closing line covers everything).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# shellcheck source=tools/lib.sh
+source "$root/tools/lib.sh"
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 quick=0
-for arg in "$@"; do
-  case $arg in
-    --quick) quick=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
-    *) echo "tools/test.sh: unknown argument $arg" >&2; exit 2 ;;
+mode=all
+flavours=()
+if [[ ${1:-} == stress ]]; then
+  mode=stress
+  shift
+  case ${1:-all} in
+    plain|tsan|asan) flavours=("$1"); shift ;;
+    all) flavours=(plain tsan asan); [[ $# -eq 0 ]] || shift ;;
+    -*) flavours=(plain tsan asan) ;;
+    *) echo "tools/test.sh: stress takes plain, tsan, asan or all, not $1" >&2; exit 2 ;;
   esac
-done
+else
+  for arg in "$@"; do
+    case $arg in
+      --quick) quick=1 ;;
+      -h|--help) usage; exit 0 ;;
+      *) echo "tools/test.sh: unknown argument $arg (see --help)" >&2; exit 2 ;;
+    esac
+  done
+fi
 
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 b=${BUILD_DIR:-build}
-passed=${MAGPOOL_STEPS_PASSED:-0}
-failed=${MAGPOOL_STEPS_FAILED:-0}
-failed_steps=()
 
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/magpool-prefix.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT
-
-# step NAME DESCRIPTION COMMAND...: runs COMMAND in a subshell with
-# errexit on, and counts it.
-step() {
-  local name=$1 what=$2
-  shift 2
-  local t0=$SECONDS rc
-  echo
-  echo "=== step: $name - $what"
-  set +e
-  (set -euo pipefail; "$@")
-  rc=$?
-  set -e
-  if [[ $rc -eq 0 ]]; then
-    passed=$((passed + 1))
-    echo "=== PASS: $name ($((SECONDS - t0)) s)"
-  else
-    failed=$((failed + 1))
-    failed_steps+=("$name")
-    echo "=== FAIL: $name (exit $rc, $((SECONDS - t0)) s)"
-  fi
-}
-
-run() {
-  echo "+ $*"
-  "$@"
-}
-
-# ------------------------------------------------------------------ deps --
-packages=(build-essential cmake pkg-config libcriterion-dev)
-
-deps() {
-  if ! command -v dpkg-query >/dev/null; then
-    echo "not a Debian/Ubuntu system: install a C11 compiler, cmake >= 3.20,"
-    echo "pkg-config and Criterion yourself; checking the tools only"
-    command -v cmake && command -v cc && command -v pkg-config
-    return
-  fi
-  local missing=() p
-  for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
-      missing+=("$p")
-  done
-  if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "already installed: ${packages[*]}"
-    return
-  fi
-  local sudo=()
-  if [[ $(id -u) -ne 0 ]]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-      sudo=(sudo)
-    else
-      echo "missing: ${missing[*]}; run as root: apt-get install -y ${missing[*]}" >&2
-      return 1
-    fi
-  fi
-  run "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
-  run "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}"
-}
 
 # ------------------------------------------------------------ main build --
 configure() {
@@ -121,8 +94,8 @@ build() {
   run cmake --build "$b" -j"$jobs"
 }
 
-run_ctest() {
-  run ctest --test-dir "$b" --output-on-failure --no-tests=error --timeout 900
+run_ctest() { # [BUILD_DIR]
+  run ctest --test-dir "${1:-$b}" --output-on-failure --no-tests=error --timeout 900
 }
 
 install_prefix() {
@@ -147,59 +120,119 @@ consumer_pkgconfig() {
   run bash tests/consumer/pkgconfig.sh "$prefix"
 }
 
-# ------------------------------------------------------------ sanitizers --
-tsan_build() {
-  run cmake -S . -B "$b-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DMAGPOOL_SANITIZE=thread -DMAGPOOL_BUILD_TESTS=ON
-  run cmake --build "$b-tsan" -j"$jobs" --target magpool-stress
+# ---------------------------------------------------------- debug build --
+debug_build() {
+  run cmake -S . -B "$b-debug" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMAGPOOL_DEBUG=2 -DMAGPOOL_WITH_CUDA=OFF -DMAGPOOL_SANITIZE= \
+    -DMAGPOOL_BUILD_TESTS=ON
+  run cmake --build "$b-debug" -j"$jobs"
 }
 
-tsan_stress() {
-  local exe
-  exe=$(find "$b-tsan" -type f -name magpool-stress -perm -u+x | head -n1)
-  [[ -n $exe ]] || { echo "magpool-stress not built" >&2; return 1; }
-  echo "+ TSAN_OPTIONS=\"suppressions=$root/stress/tsan.supp halt_on_error=1\" $exe --threads 4 --seconds 20 --seed 1"
-  TSAN_OPTIONS="suppressions=$root/stress/tsan.supp halt_on_error=1" \
-    timeout 300 "$exe" --threads 4 --seconds 20 --seed 1
+# ------------------------------------------------------------ sanitizers --
+configure_tsan() {
+  run cmake -S . -B "$b-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMAGPOOL_SANITIZE=thread -DMAGPOOL_BUILD_TESTS=ON
 }
 
 # MAGPOOL_SANITIZE takes one sanitizer; UBSan rides along in CMAKE_C_FLAGS.
 # CUDA is off here: the sanitizer flags are global compile options, which
 # nvcc (the bench's .cu file) does not take.
-asan_build() {
+configure_asan() {
   run cmake -S . -B "$b-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DMAGPOOL_SANITIZE=address -DMAGPOOL_BUILD_TESTS=ON -DMAGPOOL_WITH_CUDA=OFF \
     "-DCMAKE_C_FLAGS=-fsanitize=undefined -fno-sanitize-recover=undefined" \
     "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=undefined" \
     "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=undefined"
+}
+
+asan_build() {
+  configure_asan
   run cmake --build "$b-asan" -j"$jobs"
 }
 
-asan_ctest() {
-  echo "+ ASAN_OPTIONS=protect_shadow_gap=0 ctest --test-dir $b-asan --output-on-failure ..."
-  ASAN_OPTIONS=protect_shadow_gap=0 \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir "$b-asan" --output-on-failure --no-tests=error --timeout 900
+# The sanitizers' settings for everything run from here.
+export TSAN_OPTIONS="suppressions=$root/stress/tsan.supp halt_on_error=1"
+export ASAN_OPTIONS=protect_shadow_gap=0
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+# ---------------------------------------------------------------- stress --
+# A flavour is a build directory with its configure step:
+#   plain  $b        (the main build)
+#   tsan   $b-tsan   ThreadSanitizer
+#   asan   $b-asan   AddressSanitizer + UBSan, CUDA off
+stress_dir() {
+  case $1 in
+    plain) echo "$b" ;;
+    tsan|asan) echo "$b-$1" ;;
+  esac
+}
+
+stress_build() { # FLAVOUR
+  case $1 in
+    plain) configure ;;
+    tsan) configure_tsan ;;
+    asan) configure_asan ;;
+  esac
+  run cmake --build "$(stress_dir "$1")" -j"$jobs" --target magpool-stress
+}
+
+# stress_run FLAVOUR [ARGS...]: with no ARGS, --seconds SECONDS_PLAIN (10)
+# or SECONDS_SAN (20).  stress_limit, when set, caps the run (timeout).
+stress_limit=0
+stress_run() {
+  local flavour=$1 exe
+  shift
+  exe=$(stress_dir "$flavour")/stress/magpool-stress
+  [[ -x $exe ]] || { echo "$exe not built" >&2; return 1; }
+  if [[ $# -eq 0 ]]; then
+    if [[ $flavour == plain ]]; then
+      set -- --seconds "${SECONDS_PLAIN:-10}"
+    else
+      set -- --seconds "${SECONDS_SAN:-20}"
+    fi
+  fi
+  case $flavour in
+    tsan) echo "+ TSAN_OPTIONS=\"$TSAN_OPTIONS\" $exe $*" ;;
+    asan) echo "+ ASAN_OPTIONS=$ASAN_OPTIONS UBSAN_OPTIONS=$UBSAN_OPTIONS $exe $*" ;;
+    *) echo "+ $exe $*" ;;
+  esac
+  timeout "$stress_limit" "$exe" "$@"
+}
+
+stress_steps() { # FLAVOUR [ARGS...]
+  local flavour=$1
+  shift
+  step "$flavour-build" "build magpool-stress in $(stress_dir "$flavour")/" \
+    stress_build "$flavour"
+  step "$flavour-stress" "magpool-stress ${*:-(default length)}, $flavour" \
+    stress_run "$flavour" "$@"
 }
 
 # ------------------------------------------------------------------ main --
 step deps "install the build dependencies if missing" deps
+if [[ $mode == stress ]]; then
+  for f in "${flavours[@]}"; do
+    stress_steps "$f" "$@"
+  done
+  steps_summary
+  exit
+fi
+
 step configure "cmake -S . -B $b (RelWithDebInfo, tests on)" configure
 step build "build library, tests, stress and bench" build
+step layers "tools/check-layers.sh on $b/libmagpool.a" \
+  run bash tools/check-layers.sh "$b"
 step ctest "run every registered test" run_ctest
 step install "cmake --install $b into a temporary prefix" install_prefix
 step consumer "find_package(magpool) consumer, shared and static" consumer_cmake
 step pkg-config "pkg-config consumer, shared and --static" consumer_pkgconfig
 if [[ $quick -eq 0 ]]; then
-  step tsan-build "build magpool-stress with ThreadSanitizer" tsan_build
-  step tsan-stress "magpool-stress 4 threads, 20 s, under TSan" tsan_stress
+  step debug-build "build everything with MAGPOOL_DEBUG=2 (CUDA off)" debug_build
+  step debug-ctest "run every test with MAGPOOL_DEBUG=2" run_ctest "$b-debug"
+  stress_limit=300
+  stress_steps tsan --threads 4 --seconds 20 --seed 1
   step asan-build "build everything with ASan + UBSan (CUDA off)" asan_build
-  step asan-ctest "run every test under ASan + UBSan" asan_ctest
+  step asan-ctest "run every test under ASan + UBSan" run_ctest "$b-asan"
 fi
 
-echo
-if [[ $failed -gt 0 ]]; then
-  echo "failed steps: ${failed_steps[*]}"
-fi
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+steps_summary

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # device-run.sh - build and check magpool on the lent GPU machine.
 #
-#   tools/device-run.sh [build] [tests] [bench] [stress] [memcheck]
+#   tools/offline-gpu/device-run.sh [build] [tests] [bench] [stress] [memcheck]
 #
 # Runs ON the device machine, from the repository root (a copy of the
 # working tree).  No argument means: tests bench stress memcheck.  The
 # build always runs first (the "build" argument alone only builds).
 #
-#   (always)  unpack .deps/*.deb (tools/fetch-device-deps.sh fetched them;
-#             pass the device tool carry: [".deps"]) into /tmp/deps, point
+#   (always)  unpack .deps/*.deb (fetch-device-deps.sh fetched them; carry
+#             the git-ignored .deps along) into /tmp/deps, point
 #             the compiler, linker, loader, pkg-config and CMake at it, then
 #             configure build-dev with -DCMAKE_CUDA_ARCHITECTURES=90 and
 #             build it                                    -> $OUT/build.log
@@ -37,8 +37,8 @@
 # and the bench falls back to its host rows.
 set -uo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root" || exit 2
 
 OUT=${OUT:-$root/out}
 JOBS=${JOBS:-16}
@@ -107,7 +107,7 @@ unpack_deps() {
   shopt -u nullglob
   if ((${#debs[@]} == 0)); then
     echo "no .deps/*.deb: relying on system liburcu/Criterion" \
-         "(fetch them with tools/fetch-device-deps.sh and carry .deps)"
+         "(fetch them with tools/offline-gpu/fetch-device-deps.sh and carry .deps)"
     return 0
   fi
   mkdir -p "$DEPS"
@@ -147,11 +147,13 @@ fi
 export root OUT JOBS DEPS LIBDIR BUILD
 
 # --------------------------------------------------------------- build --
+# Runs in a child shell (under timeout), through declare -f.
+# shellcheck disable=SC2317
 build() {
   cmake -S "$root" -B "$root/$BUILD" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DMAGPOOL_WITH_CUDA=${MAGPOOL_WITH_CUDA:-ON} \
+    -DMAGPOOL_WITH_CUDA="${MAGPOOL_WITH_CUDA:-ON}" \
     -DCMAKE_PREFIX_PATH="$DEPS/usr" \
     -DCMAKE_LIBRARY_PATH="$LIBDIR" \
     -DCMAKE_INCLUDE_PATH="$DEPS/usr/include" &&
@@ -174,6 +176,8 @@ bench_bin=$root/$BUILD/bench/magpool-bench
 stress_bin=$root/$BUILD/stress/magpool-stress
 
 # --------------------------------------------------------------- steps --
+# Runs in a child shell (under timeout), through declare -f.
+# shellcheck disable=SC2317
 memcheck() {
   local sanitizer
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -3,15 +3,15 @@
 # lacks (liburcu, Criterion and Criterion's runtime dependencies) into the
 # git-ignored folder .deps/ at the repository root.
 #
-# Runs HERE (a Debian 12 machine with apt), not on the device machine: the
-# device machine has no apt-get and no network.  tools/device-run.sh unpacks
-# these .debs there with `dpkg -x` into /tmp/deps.
+# Runs on a networked Debian 12 machine with apt, not on the GPU machine:
+# that one has no apt-get and no network.  device-run.sh, beside this
+# script, unpacks these .debs there with `dpkg -x` into /tmp/deps.
 #
 # Idempotent: a package whose .deb is already in .deps/ is not downloaded
 # again.  Pass the device tool `carry: [".deps"]` so the folder travels
 # (it is git-ignored, so it is not copied otherwise).
 #
-# Usage: tools/fetch-device-deps.sh            (from anywhere in the repo)
+# Usage: tools/offline-gpu/fetch-device-deps.sh   (from anywhere in the repo)
 set -euo pipefail
 
 PKGS=(
@@ -21,14 +21,14 @@ PKGS=(
   libmbedtls14 libmbedx509-1 libmbedcrypto7
 )
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mkdir -p "$root/.deps"
 cd "$root/.deps"
 
 missing=()
 for p in "${PKGS[@]}"; do
   if compgen -G "${p}_*.deb" >/dev/null; then
-    echo "have    $(ls "${p}"_*.deb | head -n1)"
+    echo "have    $(compgen -G "${p}_*.deb" | head -n1)"
   else
     missing+=("$p")
   fi
