@@ -12,16 +12,16 @@
 #include "alloc.h"
 #include "stream_cache.h"
 
-/* The memo: the record's slot for s, while neither a trim nor a stream
- * release has happened since.  Relaxed epochs: hints, see thread.h. */
+/* The memo: the record's slot for s, while no trim happened since (the
+ * trim epoch, thread.h).  A release closes the slot (revoke.h): the fast
+ * paths' enter then fails, and the full paths look s up again. */
 MP_INLINE bool memo_hit(magpool_t *pool, mp_tcache *tc, magpool_stream_t s) {
-  return mp_tcache_current(tc, pool) && tc->s_slot != NULL && tc->s_handle == s &&
-         tc->s_epoch == mp_load_relaxed(&pool->stream_epoch);
+  return mp_tcache_current(tc, pool) && tc->s_slot != NULL && tc->s_handle == s;
 }
 
 MP_INLINE int memo_get(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_sslot **out) {
   if (MP_LIKELY(tc->s_slot != NULL && tc->s_handle == s &&
-                tc->s_epoch == mp_load_relaxed(&pool->stream_epoch))) {
+                !mp_revoke_closed(&tc->s_slot->rv))) {
     *out = tc->s_slot;
     return 0;
   }

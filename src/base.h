@@ -83,12 +83,17 @@ enum {
   MP_HOOK_EXIT_FLUSH,    /* arg: the record; its thread is exiting (state
                             EXITING), before it returns its caches       */
   MP_HOOK_EXIT_DONE,     /* arg: the record; its caches are back         */
+  MP_HOOK_DESTROY_WAIT,  /* arg: the record; destroy waits for its exit */
   MP_HOOK_DESTROY_STREAMS, /* arg: the pool; destroy frees stream state  */
   MP_HOOK_SLOT_FLUSH,    /* arg: the slot; the owner's flush holds its
                             entry's lock and has read the stream          */
   MP_HOOK_ENTRY_WAIT,    /* arg: the entry; its lock is busy              */
   MP_HOOK_LADDER_RUNG,   /* arg: the rung number, (void *)(uintptr_t); the
                             ladder's take failed and the rung begins     */
+  MP_HOOK_REFILL,        /* arg: the record; its owner holds it (inside
+                            enter/exit) and is about to refill a class   */
+  MP_HOOK_REVOKE_WAIT,   /* arg: the mp_revoke; a thief waits for its
+                            owner to leave                               */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before

@@ -188,17 +188,38 @@ void mp_retire_fini(magpool_t *pool);
 /* ---------------------------------------------------------- stream_table.c */
 
 int mp_stream_table_init(magpool_t *pool);
-/* Frees every entry (the slots must be gone).  Destroy only. */
+/* Frees every entry, live and dead (their slots must be gone), and waits
+ * for every deferred free.  Destroy only. */
 void mp_stream_table_fini(magpool_t *pool);
-/* Entry for stream id sid (nonzero), created with handle h if `create`.
- * NULL if absent or the table is full.  Any thread; lock-free lookup,
- * create takes create_lock (rank 1) then the entry lock of a recycled
- * entry.  ACQUIRE: the entry and its handle are visible. */
-mp_sentry *mp_entry_find(magpool_t *pool, uint64_t sid, magpool_stream_t h, bool create);
-/* The entry lock (rank 2).  try: ACQUIRE on success; unlock: RELEASE. */
+/* A read-side section (liburcu, urcu-bp: no registration).  Any thread;
+ * may nest; must not wait for a grace period inside. */
+void mp_streams_read_lock(void);
+void mp_streams_read_unlock(void);
+/* First thing of every RCU callback of magpool's (TSan's view of the
+ * grace period). */
+void mp_streams_rcu_callback(void);
+/* The live entry for key (stream id + 1), created with handle h if
+ * `create`.  NULL if absent, or out of host memory.  Inside a read-side
+ * section; the entry stays valid until the section ends, or while a use
+ * (a slot, mp_entry_use_rcu) is held. */
+mp_sentry *mp_entry_find_rcu(magpool_t *pool, uint64_t key, magpool_stream_t h, bool create);
+/* The entry lock (rank 1).  try: ACQUIRE on success; unlock: RELEASE. */
 bool mp_entry_try(mp_sentry *e);
 void mp_entry_lock(mp_sentry *e);
 void mp_entry_unlock(mp_sentry *e);
+/* Releases a live entry: sid 0, out of the table, onto the dead list.
+ * Caller holds the entry lock, inside a read-side section. */
+void mp_entry_release_locked(magpool_t *pool, mp_sentry *e);
+/* A use of e that outlives the read-side section it is taken in; false if
+ * e is already being freed.  Any thread. */
+bool mp_entry_use_rcu(mp_sentry *e);
+void mp_entry_unuse(mp_sentry *e);
+/* Frees (after a grace period) the dead entries with no use and no
+ * pending batch.  Any thread holding no entry lock. */
+void mp_streams_reap(magpool_t *pool);
+/* Calls fn on every live entry.  Inside a read-side section. */
+void mp_streams_each_rcu(magpool_t *pool, void (*fn)(magpool_t *, mp_sentry *, void *),
+                         void *arg);
 /* Bytes in stream slots and ready batches, and pending bytes.  Any
  * thread, relaxed (a racy sum, exact when quiescent). */
 void mp_streams_stats(magpool_t *pool, size_t *cached, size_t *pending);
@@ -212,7 +233,8 @@ size_t mp_streams_wait_pending(magpool_t *pool);
 /* ---------------------------------------------------------- stream_cache.c */
 /* (the inline owner side of the slots is in stream_cache.h) */
 
-/* The memo's slow path: resolves s to the owner's slot and memoises it.
+/* The memo's slow path: resolves s to the owner's slot and memoises it;
+ * first drops the owner's closed slots.
  * Errors: MAGPOOL_EINVAL, MAGPOOL_ECAPTURE, MAGPOOL_ECUDA.  *out may be
  * NULL with 0 returned (table full, or no host memory: the stream then
  * runs uncached).  Owner of tc only. */
@@ -226,15 +248,17 @@ void *mp_slot_pop_owner(magpool_t *pool, mp_sslot *sl, unsigned order);
 bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void *p,
                         unsigned order);
 /* magpool_stream_release's work for stream id sid (handle s): every
- * thread's blocks freed on s go behind s's work, and no memo may reach
- * the entry any more.  Any thread; takes the entry lock. */
+ * thread's blocks freed on s go behind s's work, every slot closes (so
+ * no memo reaches the entry any more), and the entry leaves the table.
+ * Any thread; takes the entry lock. */
 void mp_streams_release(magpool_t *pool, uint64_t sid, magpool_stream_t s);
 /* Retires what every stream slot holds (behind their streams), skipping
  * busy entries and per-thread streams.  Any thread. */
 void mp_streams_flush_caches(magpool_t *pool);
 /* The owner retires its own slots (those of per-thread streams only it
- * can retire): at thread exit and after a trim.  Owner of tc only. */
-void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc);
+ * can retire): at thread exit (`exiting`: its per-thread stream's entry is
+ * released too) and after a trim.  Owner of tc only. */
+void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting);
 /* Destroy: waits for pending callbacks, frees the slots and the table. */
 void mp_streams_destroy(magpool_t *pool);
 

@@ -126,6 +126,7 @@ void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
   }
   /* Refill: carve one larger block into n blocks, one for the caller.
    * n - 1 must fit in what the thread may still cache. */
+  MP_HOOK(MP_HOOK_REFILL, tc);
   size_t cached = mp_load_relaxed(&tc->st.cached);
   size_t room = cached < tc->limit ? tc->limit - cached : 0;
   uint32_t n = pool->mag_cap[order];

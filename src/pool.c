@@ -139,7 +139,6 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   rc = mp_region_add(pool, c.pool_size);
   if (rc != 0) goto fail_mags;
   mp_revoke_init();
-  mp_atomic_init(&pool->stream_epoch, 1);
   rc = mp_stream_table_init(pool);
   if (rc != 0) goto fail_region;
   *out = pool;

@@ -41,5 +41,8 @@ void mp_revoke_barrier(void) {
 }
 
 void mp_revoke_wait(mp_revoke *r) {
-  while (mp_load_seq_cst(&r->active) != 0) sched_yield();
+  while (mp_load_seq_cst(&r->active) != 0) {
+    MP_HOOK(MP_HOOK_REVOKE_WAIT, r);
+    sched_yield();
+  }
 }

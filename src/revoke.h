@@ -81,4 +81,12 @@ void mp_revoke_wait(mp_revoke *r);
  * owner's next enter. */
 MP_INLINE void mp_revoke_end(mp_revoke *r) { mp_store_release(&r->revoke, 0); }
 
+/* Thief: never hand back.  Every later enter fails; the owner learns
+ * with mp_revoke_closed that the object is gone for good. */
+#define MP_REVOKE_CLOSED 2
+MP_INLINE void mp_revoke_close(mp_revoke *r) { mp_store_release(&r->revoke, MP_REVOKE_CLOSED); }
+MP_INLINE bool mp_revoke_closed(mp_revoke *r) {
+  return mp_load_acquire(&r->revoke) == MP_REVOKE_CLOSED;
+}
+
 #endif /* MAGPOOL_REVOKE_H */

@@ -28,6 +28,7 @@
 
 #include <sched.h>
 #include <stdlib.h>
+#include <urcu-bp.h>
 
 /* ----------------------------------------------------------------- slots */
 
@@ -74,21 +75,22 @@ static mp_mag *slot_take_full(magpool_t *pool, mp_sslot *sl) {
   return chain;
 }
 
-/* Thief: takes every non-empty slot of e and returns their magazines as
- * one chain.  Caller holds the entry lock. */
-static mp_mag *entry_steal_locked(magpool_t *pool, mp_sentry *e) {
+/* Thief: takes every non-empty slot of e (with `close`, every slot, and
+ * closes them for good: the entry is being released) and returns their
+ * magazines as one chain.  Caller holds the entry lock. */
+static mp_mag *entry_steal_locked(magpool_t *pool, mp_sentry *e, bool close) {
   mp_sslot *head = mp_load_acquire(&e->slots);
   bool any = false;
-  for (mp_sslot *sl = head; sl != NULL; sl = sl->next) {
-    if (mp_load_relaxed(&sl->bytes) == 0) continue;
+  for (mp_sslot *sl = head; sl != NULL; sl = mp_load_acquire(&sl->next)) {
+    if (!close && mp_load_relaxed(&sl->bytes) == 0) continue;
     mp_revoke_begin(&sl->rv);
     any = true;
   }
   if (!any) return NULL;
   mp_revoke_barrier();
   mp_mag *chain = NULL;
-  for (mp_sslot *sl = head; sl != NULL; sl = sl->next) {
-    if (mp_load_relaxed(&sl->rv.revoke) == 0) continue;
+  for (mp_sslot *sl = head; sl != NULL; sl = mp_load_acquire(&sl->next)) {
+    if (mp_load_relaxed(&sl->rv.revoke) != 1) continue;
     mp_revoke_wait(&sl->rv); /* the owner's cache writes are visible */
     mp_mag *c = slot_take_all(pool, sl);
     while (c != NULL) {
@@ -97,22 +99,46 @@ static mp_mag *entry_steal_locked(magpool_t *pool, mp_sentry *e) {
       chain = c;
       c = n;
     }
-    mp_revoke_end(&sl->rv); /* the emptied cache is visible to the owner */
+    if (close) mp_revoke_close(&sl->rv); /* the owner's memo sees it */
+    else mp_revoke_end(&sl->rv);         /* the emptied cache is visible */
   }
   return chain;
 }
 
-/* The owner's slot in e, made on first use.  Owner only; takes the entry
- * lock to push a new slot. */
-static mp_sslot *slot_of_owner(mp_sentry *e, mp_tcache *tc) {
-  for (mp_sslot *sl = mp_load_acquire(&e->slots); sl != NULL; sl = sl->next)
+/* Slots are freed after a grace period: a stats walk may be reading one
+ * that its owner just unlinked. */
+typedef struct slot_node {
+  mp_sslot sl;
+  struct rcu_head rcu;
+} slot_node;
+
+static void slot_free_rcu(struct rcu_head *h) {
+  mp_streams_rcu_callback();
+  free(caa_container_of(h, slot_node, rcu));
+}
+
+/* The owner's slot in e, made on first use (then counted as a use of e).
+ * NULL if e was released meanwhile (*dead set) or out of host memory.
+ * Owner only, inside a read-side section; takes the entry lock to push a
+ * new slot. */
+static mp_sslot *slot_of_owner(mp_sentry *e, mp_tcache *tc, bool *dead) {
+  *dead = false;
+  for (mp_sslot *sl = mp_load_acquire(&e->slots); sl != NULL; sl = mp_load_acquire(&sl->next))
     if (sl->owner == tc) return sl;
-  mp_sslot *sl = calloc(1, sizeof *sl);
-  if (sl == NULL) return NULL;
+  slot_node *sn = calloc(1, sizeof *sn);
+  if (sn == NULL) return NULL;
+  mp_sslot *sl = &sn->sl;
   sl->owner = tc;
   sl->e = e;
   mp_entry_lock(e);
-  sl->next = mp_load_relaxed(&e->slots);
+  if (mp_load_relaxed(&e->sid) == 0) { /* released under us: look again */
+    mp_entry_unlock(e);
+    free(sn);
+    *dead = true;
+    return NULL;
+  }
+  mp_fetch_add_acq_rel(&e->users, 1);
+  mp_store_relaxed(&sl->next, mp_load_relaxed(&e->slots));
   /* RELEASE: the slot is initialised before walkers reach it. */
   mp_store_release(&e->slots, sl);
   mp_entry_unlock(e);
@@ -121,19 +147,52 @@ static mp_sslot *slot_of_owner(mp_sentry *e, mp_tcache *tc) {
   return sl;
 }
 
+/* The owner drops its closed slots (their entries are released): off its
+ * list, off the entry's list (under the entry lock), one use of the entry
+ * less, freed after a grace period.  Owner only. */
+static void sweep_closed_owner(magpool_t *pool, mp_tcache *tc) {
+  bool any = false;
+  for (mp_sslot **link = &tc->s_slots; *link != NULL;) {
+    mp_sslot *sl = *link;
+    if (!mp_revoke_closed(&sl->rv)) {
+      link = &sl->tnext;
+      continue;
+    }
+    *link = sl->tnext;
+    if (tc->s_slot == sl) tc->s_slot = NULL;
+    mp_sentry *e = sl->e;
+    mp_entry_lock(e);
+    _Atomic(mp_sslot *) *pl = &e->slots;
+    while (mp_load_relaxed(pl) != sl) pl = &mp_load_relaxed(pl)->next;
+    /* RELEASE: walkers see the list with or without sl, never broken. */
+    mp_store_release(pl, mp_load_relaxed(&sl->next));
+    mp_entry_unlock(e);
+    mp_entry_unuse(e);
+    urcu_bp_call_rcu(&caa_container_of(sl, slot_node, sl)->rcu, slot_free_rcu);
+    any = true;
+  }
+  if (any) mp_streams_reap(pool);
+}
+
 int mp_slot_lookup(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_sslot **out) {
   int cap = mp_capture_rc(pool, s);
   if (cap != 0) return cap;
   uint64_t sid;
   int rc = pool->sops->get_id(pool->src_ctx, s, &sid);
   if (rc != 0) return rc;
-  uint64_t ep = mp_load_acquire(&pool->stream_epoch);
-  mp_sentry *e = mp_entry_find(pool, sid + 1, s, true); /* +1: 0 means empty */
-  mp_sslot *sl = e != NULL ? slot_of_owner(e, tc) : NULL;
+  sweep_closed_owner(pool, tc);
+  mp_sslot *sl = NULL;
+  bool dead = true;
+  mp_streams_read_lock();
+  while (dead) {
+    mp_sentry *e = mp_entry_find_rcu(pool, sid + 1, s, true);
+    if (e == NULL) break;
+    sl = slot_of_owner(e, tc, &dead);
+  }
+  mp_streams_read_unlock();
   if (sl != NULL) {
     tc->s_handle = s;
     tc->s_slot = sl;
-    tc->s_epoch = ep;
     tc->s_check_capture = pool->sops->check_capture && pool->cfg.capture_check;
   }
   *out = sl;
@@ -184,78 +243,105 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
 
 /* ---------------------------------------------------------------- thieves */
 
+/* Under the entry lock and a read-side section: every thread's blocks
+ * freed on the entry's stream go behind its work (h names it here), the
+ * slots close, and the entry leaves the table. */
+static void entry_release_locked(magpool_t *pool, mp_sentry *e, magpool_stream_t h) {
+  mp_mag *chain = entry_steal_locked(pool, e, true);
+  if (chain != NULL) mp_retire_chain(pool, &e->pending, h, chain);
+  mp_entry_release_locked(pool, e);
+}
+
 void mp_streams_release(magpool_t *pool, uint64_t sid, magpool_stream_t s) {
-  mp_sentry *e = mp_entry_find(pool, sid + 1, s, false);
-  if (e == NULL) return;
-  mp_entry_lock(e);
-  if (mp_load_relaxed(&e->sid) == sid + 1) {
-    /* Every thread's blocks freed on s go behind s's work, now, while s is
-     * still a valid stream. */
-    mp_mag *chain = entry_steal_locked(pool, e);
-    if (chain != NULL) mp_retire_chain(pool, &e->pending, s, chain);
-    /* No memo may reach this entry for s any more. */
-    mp_fetch_add_acq_rel(&pool->stream_epoch, 1);
-    mp_store_release(&e->sid, 0);
+  mp_streams_read_lock();
+  mp_sentry *e = mp_entry_find_rcu(pool, sid + 1, s, false);
+  if (e != NULL) {
+    mp_entry_lock(e);
+    if (mp_load_relaxed(&e->sid) == sid + 1) entry_release_locked(pool, e, s);
+    mp_entry_unlock(e);
+  }
+  mp_streams_read_unlock();
+  mp_streams_reap(pool);
+}
+
+static void flush_one(magpool_t *pool, mp_sentry *e, void *arg) {
+  (void)arg;
+  if (mp_load_relaxed(&e->sid) == 0 || !mp_entry_try(e)) return; /* busy: another thief */
+  /* A per-thread stream's handle names our own stream here, not its
+   * owner's: only the owner retires it (mp_streams_thread_flush). */
+  if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
+      pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
+    mp_mag *chain = entry_steal_locked(pool, e, false);
+    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
   }
   mp_entry_unlock(e);
 }
 
 void mp_streams_flush_caches(magpool_t *pool) {
-  mp_streams *ss = pool->streams;
-  for (unsigned i = 0; i < MP_STREAM_TABLE; i++) {
-    mp_sentry *e = mp_load_acquire(&ss->tab[i]);
-    if (e == NULL || mp_load_relaxed(&e->sid) == 0) continue;
-    if (!mp_entry_try(e)) continue; /* another thief is at it */
-    /* A per-thread stream's handle names our own stream here, not its
-     * owner's: only the owner retires it (mp_streams_thread_flush). */
-    if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
-        pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
-      mp_mag *chain = entry_steal_locked(pool, e);
-      if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
-    }
-    mp_entry_unlock(e);
-  }
+  mp_streams_read_lock();
+  mp_streams_each_rcu(pool, flush_one, NULL);
+  mp_streams_read_unlock();
 }
 
 /* The owner's flush holds its entry's lock from before it reads the
  * stream until the blocks are retired: a release (which takes the lock)
  * cannot clear the stream in between, so the program cannot destroy the
  * stream under the retire either.  Blocks never go to the tree here. */
-void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc) {
+void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
+  sweep_closed_owner(pool, tc);
   for (mp_sslot *sl = tc->s_slots; sl != NULL; sl = sl->tnext) {
-    if (mp_load_relaxed(&sl->bytes) == 0) continue;
     mp_sentry *e = sl->e;
+    /* At exit, the entry of this thread's per-thread stream is released:
+     * no other thread can ever name that stream. */
+    bool own_stream = exiting && pool->sops->per_thread(e->handle);
+    if (mp_load_relaxed(&sl->bytes) == 0 && !own_stream) continue;
+    mp_streams_read_lock();
     mp_entry_lock(e);
     /* Released: the release took what the slot held, and no async call on
      * the stream may race a release, so the slot is empty.  Capturing: a
      * callback may not be enqueued; the blocks stay cached until a later
      * flush.  A thief holds revoke only under the entry lock, which we
      * hold, so the enter cannot fail; it orders us after the last thief. */
-    if (mp_load_relaxed(&e->sid) == 0 || pool->sops->capturing(pool->src_ctx, e->handle) != 0 ||
-        !mp_slot_enter_owner(sl)) {
-      mp_entry_unlock(e);
-      continue;
+    if (mp_load_relaxed(&e->sid) != 0 && pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
+      if (own_stream) {
+        entry_release_locked(pool, e, e->handle);
+      } else if (mp_slot_enter_owner(sl)) {
+        mp_mag *chain = slot_take_all(pool, sl);
+        mp_slot_exit_owner(sl);
+        MP_HOOK(MP_HOOK_SLOT_FLUSH, sl);
+        if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
+      }
     }
-    mp_mag *chain = slot_take_all(pool, sl);
-    mp_slot_exit_owner(sl);
-    MP_HOOK(MP_HOOK_SLOT_FLUSH, sl);
-    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
     mp_entry_unlock(e);
+    mp_streams_read_unlock();
   }
+  if (exiting) sweep_closed_owner(pool, tc);
+}
+
+/* Destroy: nothing else runs on the pool.  Every slot is in exactly one
+ * entry's list (the table's entries and the dead ones). */
+static void destroy_slots(mp_sentry *e) {
+  for (mp_sslot *sl = mp_load_relaxed(&e->slots); sl != NULL;) {
+    mp_sslot *n = mp_load_relaxed(&sl->next);
+    free(caa_container_of(sl, slot_node, sl));
+    sl = n;
+  }
+  mp_store_relaxed(&e->slots, NULL);
+}
+
+static void destroy_one(magpool_t *pool, mp_sentry *e, void *arg) {
+  (void)pool;
+  (void)arg;
+  destroy_slots(e);
 }
 
 void mp_streams_destroy(magpool_t *pool) {
   mp_streams *ss = pool->streams;
   if (ss == NULL) return;
   mp_retire_fini(pool);
-  for (unsigned i = 0; i < MP_STREAM_TABLE; i++) {
-    mp_sentry *e = mp_load_relaxed(&ss->tab[i]);
-    if (e == NULL) continue;
-    for (mp_sslot *sl = mp_load_relaxed(&e->slots); sl != NULL;) {
-      mp_sslot *n = sl->next;
-      free(sl);
-      sl = n;
-    }
-  }
+  mp_streams_read_lock();
+  mp_streams_each_rcu(pool, destroy_one, NULL);
+  mp_streams_read_unlock();
+  for (mp_sentry *e = ss->dead; e != NULL; e = e->dead_next) destroy_slots(e);
   mp_stream_table_fini(pool);
 }

@@ -1,42 +1,90 @@
-/* stream_table.c - the stream table: stream id -> entry, the entry lock,
- * and the walks over every entry (stats, waiting for pending streams).
- * Layer 4; the slots inside the entries belong to stream_cache.c, which
- * calls this file and never the reverse.
+/* stream_table.c - the stream table: stream id -> entry, on liburcu's
+ * lock-free hash table (cds_lfht, urcu-bp flavour: the application's
+ * threads and CUDA's callback threads need no registration); the entry
+ * lock; the entries' lives; and the walks over every entry.  Layer 4; the
+ * slots inside the entries belong to stream_cache.c, which calls this file
+ * and never the reverse.
  *
  * Stream identity is the stream's unique id (cudaStreamGetId, or the host
  * stream's id), never its handle: handles are reused after a stream is
  * destroyed, and cudaStreamPerThread names a different stream on every
- * thread.  Ids are stored + 1, so that 0 means "empty or released".
+ * thread.  The key is the id + 1.
+ *
+ * An entry's life:
+ *   live      in the table; found by lookups inside a read-side section;
+ *             created with cds_lfht_add_unique, so one id never has two
+ *             live entries (the loser of a creation race frees its own,
+ *             never published, entry)
+ *   dead      released (mp_entry_release_locked): sid 0, removed from the
+ *             table, pushed on the pool's dead list.  Its batches still
+ *             count down its `pending`, its owners still hold their
+ *             (closed) slots, and waiters may hold a use
+ *   reaped    dead with no users and no pending: off the dead list, freed
+ *             by call_rcu after a grace period, so a reader that found it
+ *             in the table before the removal is done with it first
+ * A use from outside a read-side section (a waiter) is taken inside one
+ * with mp_entry_use_rcu, which fails on a reaped entry: a Dekker pair with
+ * the reaper (use: increment users, then read reaped; reaper: set reaped,
+ * then read users; both seq_cst), so never both proceed.
  *
  * Concurrency contract:
- *   tab[i] ......... set once (RELEASE) under create_lock; never cleared
- *                    while the pool lives; read by anyone (ACQUIRE)
- *   entry sid ...... set under create_lock (RELEASE, after handle);
- *                    cleared by release under the entry lock
- *   entry busy ..... the entry lock: thieves and slot creation; no fast
- *                    path takes it, and the ladder and trim only try it
+ *   lookups, walks ............ inside mp_streams_read_lock/unlock
+ *   entry sid, slot list ...... changed under the entry lock
+ *   dead list ................. under dead_lock
+ *   users, pending ............ atomic RMW, any thread
  */
 #include "internal.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <urcu-bp.h>
+#include <urcu/rculfhash.h>
+
+/* The entry and its liburcu links, which no other file sees. */
+typedef struct ent_node {
+  mp_sentry e;
+  struct cds_lfht_node node;
+  struct rcu_head rcu;
+} ent_node;
+
+static inline ent_node *node_of(mp_sentry *e) { return (ent_node *)(void *)e; }
+
+/* ThreadSanitizer does not see liburcu's grace periods: a read-side
+ * section's end RELEASEs this token and every RCU callback ACQUIREs it,
+ * which is the order the grace period gives (TSan builds only). */
+void __tsan_acquire(void *addr) __attribute__((weak));
+void __tsan_release(void *addr) __attribute__((weak));
+static char rcu_token;
+
+void mp_streams_read_lock(void) { urcu_bp_read_lock(); }
+
+void mp_streams_read_unlock(void) {
+  if (MP_TSAN) __tsan_release(&rcu_token);
+  urcu_bp_read_unlock();
+}
+
+void mp_streams_rcu_callback(void) {
+  if (MP_TSAN) __tsan_acquire(&rcu_token);
+}
+
+static void ent_free_rcu(struct rcu_head *h) {
+  mp_streams_rcu_callback();
+  free(caa_container_of(h, ent_node, rcu));
+}
 
 int mp_stream_table_init(magpool_t *pool) {
   mp_streams *ss = calloc(1, sizeof *ss);
   if (ss == NULL) return MAGPOOL_ENOMEM;
-  pthread_mutex_init(&ss->create_lock, NULL);
+  ss->ht = cds_lfht_new_flavor(64, 64, 0, CDS_LFHT_AUTO_RESIZE | CDS_LFHT_ACCOUNTING,
+                               &urcu_bp_flavor, NULL);
+  if (ss->ht == NULL) {
+    free(ss);
+    return MAGPOOL_ENOMEM;
+  }
+  pthread_mutex_init(&ss->dead_lock, NULL);
   pool->streams = ss;
   return 0;
-}
-
-void mp_stream_table_fini(magpool_t *pool) {
-  mp_streams *ss = pool->streams;
-  if (ss == NULL) return;
-  for (unsigned i = 0; i < MP_STREAM_TABLE; i++) free(mp_load_relaxed(&ss->tab[i]));
-  pthread_mutex_destroy(&ss->create_lock);
-  free(ss);
-  pool->streams = NULL;
 }
 
 /* ------------------------------------------------------------ entry lock */
@@ -59,95 +107,162 @@ void mp_entry_lock(mp_sentry *e) {
 
 /* --------------------------------------------------------------- lookups */
 
-static inline uint64_t hash_sid(uint64_t x) {
+static inline unsigned long hash_key(uint64_t x) {
   x ^= x >> 31;
   x *= 0x9e3779b97f4a7c15ull;
-  return x ^ (x >> 29);
+  return (unsigned long)(x ^ (x >> 29));
 }
 
-/* Probes from the hash until sid or an empty slot.  With `recycle`, also
- * notes the first released entry without pending batches on the path, and
- * with `empty` the empty slot that ended the probe (MP_STREAM_TABLE if
- * none). */
-static mp_sentry *entry_probe(mp_streams *ss, uint64_t sid, mp_sentry **recycle,
-                              unsigned *empty) {
-  unsigned start = (unsigned)hash_sid(sid) & (MP_STREAM_TABLE - 1);
-  if (recycle != NULL) *recycle = NULL;
-  for (unsigned k = 0; k < MP_STREAM_TABLE; k++) {
-    unsigned i = (start + k) & (MP_STREAM_TABLE - 1);
-    mp_sentry *e = mp_load_acquire(&ss->tab[i]);
-    if (e == NULL) {
-      if (empty != NULL) *empty = i;
-      return NULL;
-    }
-    uint64_t es = mp_load_acquire(&e->sid);
-    if (es == sid) return e;
-    if (recycle != NULL && *recycle == NULL && es == 0 && mp_load_acquire(&e->pending) == 0)
-      *recycle = e;
-  }
-  if (empty != NULL) *empty = MP_STREAM_TABLE;
-  return NULL;
+static int match_key(struct cds_lfht_node *n, const void *key) {
+  return caa_container_of(n, ent_node, node)->e.key == *(const uint64_t *)key;
 }
 
-/* Finding is lock-free.  Creating takes the table mutex (a stream's first
- * use by a pool, rare), so that one sid never gets two entries: it
- * re-probes, then recycles the first released entry without pending
- * batches on the probe path, or takes the first empty slot - either way
- * the first match any later probe sees. */
-mp_sentry *mp_entry_find(magpool_t *pool, uint64_t sid, magpool_stream_t h, bool create) {
+mp_sentry *mp_entry_find_rcu(magpool_t *pool, uint64_t key, magpool_stream_t h, bool create) {
+  struct cds_lfht *ht = pool->streams->ht;
+  struct cds_lfht_iter it;
+  cds_lfht_lookup(ht, hash_key(key), match_key, &key, &it);
+  struct cds_lfht_node *n = cds_lfht_iter_get_node(&it);
+  if (n != NULL || !create) return n != NULL ? &caa_container_of(n, ent_node, node)->e : NULL;
+  ent_node *en = calloc(1, sizeof *en);
+  if (en == NULL) return NULL;
+  en->e.key = key;
+  en->e.handle = h;
+  mp_atomic_init(&en->e.sid, key);
+  cds_lfht_node_init(&en->node);
+  /* Publication: liburcu's add orders the entry's initialisation before
+   * any lookup that finds it (rcu_assign_pointer, RELEASE). */
+  n = cds_lfht_add_unique(ht, hash_key(key), match_key, &key, &en->node);
+  if (n != &en->node) free(en); /* another thread created it first */
+  return &caa_container_of(n, ent_node, node)->e;
+}
+
+/* ----------------------------------------------------------------- lives */
+
+void mp_entry_release_locked(magpool_t *pool, mp_sentry *e) {
   mp_streams *ss = pool->streams;
-  mp_sentry *e = entry_probe(ss, sid, NULL, NULL);
-  if (e != NULL || !create) return e;
-  pthread_mutex_lock(&ss->create_lock);
-  mp_sentry *rec;
-  unsigned empty;
-  e = entry_probe(ss, sid, &rec, &empty);
-  if (e == NULL && rec != NULL) {
-    mp_entry_lock(rec);
-    if (mp_load_relaxed(&rec->sid) == 0 && mp_load_acquire(&rec->pending) == 0) {
-      rec->handle = h;
-      /* RELEASE: handle is written before finders can match the sid. */
-      mp_store_release(&rec->sid, sid);
-      e = rec;
+  mp_store_release(&e->sid, 0);
+  (void)cds_lfht_del(ss->ht, &node_of(e)->node);
+  pthread_mutex_lock(&ss->dead_lock);
+  e->dead_next = ss->dead;
+  ss->dead = e;
+  pthread_mutex_unlock(&ss->dead_lock);
+}
+
+bool mp_entry_use_rcu(mp_sentry *e) {
+  mp_fetch_add_acq_rel(&e->users, 1);
+  if (mp_load_seq_cst(&e->reaped) == 0) return true;
+  mp_fetch_add_acq_rel(&e->users, -1);
+  return false;
+}
+
+void mp_entry_unuse(mp_sentry *e) { mp_fetch_add_acq_rel(&e->users, -1); }
+
+void mp_streams_reap(magpool_t *pool) {
+  mp_streams *ss = pool->streams;
+  pthread_mutex_lock(&ss->dead_lock);
+  for (mp_sentry **link = &ss->dead; *link != NULL;) {
+    mp_sentry *e = *link;
+    if (mp_load_acquire(&e->users) == 0 && mp_load_acquire(&e->pending) == 0) {
+      mp_store_seq_cst(&e->reaped, 1);
+      if (mp_load_seq_cst(&e->users) == 0) {
+        *link = e->dead_next;
+        urcu_bp_call_rcu(&node_of(e)->rcu, ent_free_rcu);
+        continue;
+      }
+      mp_store_seq_cst(&e->reaped, 0); /* a waiter came: it keeps it */
     }
-    mp_entry_unlock(rec);
+    link = &e->dead_next;
   }
-  if (e == NULL && empty < MP_STREAM_TABLE) {
-    e = calloc(1, sizeof *e);
-    if (e != NULL) {
-      e->handle = h;
-      mp_atomic_init(&e->sid, sid);
-      /* RELEASE: the entry is initialised before finders see it. */
-      mp_store_release(&ss->tab[empty], e);
-    }
+  pthread_mutex_unlock(&ss->dead_lock);
+}
+
+/* Destroy: nothing runs on the pool, so no reader can hold an entry of
+ * it; every entry, live or dead, is freed at once.  The barrier waits for
+ * the frees deferred earlier (entries and slots of this pool among them). */
+void mp_stream_table_fini(magpool_t *pool) {
+  mp_streams *ss = pool->streams;
+  if (ss == NULL) return;
+  struct cds_lfht_iter it;
+  struct cds_lfht_node *n;
+  mp_streams_read_lock();
+  cds_lfht_for_each(ss->ht, &it, n) {
+    (void)cds_lfht_del(ss->ht, n);
+    free(caa_container_of(n, ent_node, node));
   }
-  pthread_mutex_unlock(&ss->create_lock);
-  return e;
+  mp_streams_read_unlock();
+  for (mp_sentry *e = ss->dead, *next; e != NULL; e = next) {
+    next = e->dead_next;
+    free(node_of(e));
+  }
+  urcu_bp_barrier();
+  (void)cds_lfht_destroy(ss->ht, NULL);
+  pthread_mutex_destroy(&ss->dead_lock);
+  free(ss);
+  pool->streams = NULL;
 }
 
 /* ----------------------------------------------------------------- walks */
 
+void mp_streams_each_rcu(magpool_t *pool, void (*fn)(magpool_t *, mp_sentry *, void *),
+                         void *arg) {
+  struct cds_lfht_iter it;
+  struct cds_lfht_node *n;
+  cds_lfht_for_each(pool->streams->ht, &it, n) fn(pool, &caa_container_of(n, ent_node, node)->e, arg);
+}
+
+static void stats_one(magpool_t *pool, mp_sentry *e, void *arg) {
+  (void)pool;
+  int64_t *c = arg;
+  for (mp_sslot *sl = mp_load_acquire(&e->slots); sl != NULL; sl = mp_load_acquire(&sl->next))
+    *c += mp_load_relaxed(&sl->bytes);
+}
+
 void mp_streams_stats(magpool_t *pool, size_t *cached, size_t *pending) {
-  mp_streams *ss = pool->streams;
   int64_t c = mp_load_relaxed(&pool->retire.ready_bytes);
-  for (unsigned i = 0; i < MP_STREAM_TABLE; i++) {
-    mp_sentry *e = mp_load_acquire(&ss->tab[i]);
-    if (e == NULL) continue;
-    for (mp_sslot *sl = mp_load_acquire(&e->slots); sl != NULL; sl = sl->next)
-      c += mp_load_relaxed(&sl->bytes);
-  }
+  mp_streams_read_lock();
+  mp_streams_each_rcu(pool, stats_one, &c);
+  mp_streams_read_unlock();
   int64_t p = mp_load_relaxed(&pool->retire.pending_bytes);
   *cached = c > 0 ? (size_t)c : 0;
   *pending = p > 0 ? (size_t)p : 0;
 }
 
+/* Waiters: entries with pending batches, each with a use taken inside the
+ * read-side section, waited for outside it. */
+typedef struct waitlist {
+  mp_sentry **e;
+  size_t n, cap;
+} waitlist;
+
+static void waitlist_add(waitlist *w, mp_sentry *e) {
+  if (w->n == w->cap) {
+    size_t nc = w->cap ? 2 * w->cap : 16;
+    mp_sentry **ne = realloc(w->e, nc * sizeof *ne);
+    if (ne == NULL) return; /* no host memory: the orphan wait covers it */
+    w->e = ne;
+    w->cap = nc;
+  }
+  if (mp_entry_use_rcu(e)) w->e[w->n++] = e;
+}
+
+static void wait_collect(magpool_t *pool, mp_sentry *e, void *arg) {
+  (void)pool;
+  if (mp_load_acquire(&e->pending) != 0) waitlist_add(arg, e);
+}
+
 size_t mp_streams_wait_pending(magpool_t *pool) {
   mp_streams *ss = pool->streams;
   if (mp_load_acquire(&pool->retire.pending_batches) == 0) return 0;
-  size_t n = 0;
-  for (unsigned i = 0; i < MP_STREAM_TABLE; i++) {
-    mp_sentry *e = mp_load_acquire(&ss->tab[i]);
-    if (e == NULL || mp_load_acquire(&e->pending) == 0) continue;
+  waitlist w = {NULL, 0, 0};
+  mp_streams_read_lock();
+  mp_streams_each_rcu(pool, wait_collect, &w);
+  mp_streams_read_unlock();
+  pthread_mutex_lock(&ss->dead_lock); /* dead entries cannot be reaped */
+  for (mp_sentry *e = ss->dead; e != NULL; e = e->dead_next)
+    if (mp_load_acquire(&e->pending) != 0) waitlist_add(&w, e);
+  pthread_mutex_unlock(&ss->dead_lock);
+  for (size_t i = 0; i < w.n; i++) {
+    mp_sentry *e = w.e[i];
     mp_entry_lock(e);
     /* Under the entry lock a release cannot retire the entry, and so the
      * program cannot destroy its stream, while we wait on it.  A stream
@@ -155,14 +270,17 @@ size_t mp_streams_wait_pending(magpool_t *pool) {
      * far has run its callback. */
     bool synced = mp_load_relaxed(&e->sid) != 0 && pool->sops->sync(pool->src_ctx, e->handle) == 0;
     mp_entry_unlock(e);
-    /* Released (its handle may be gone), or the sync failed: the entry
-     * gets no new batches once released, so its count only falls. */
+    /* Released (its handle may be gone), or the sync failed: a dead
+     * entry gets no new batches, so its count only falls. */
     if (!synced) mp_retire_wait(pool, &e->pending);
-    n++;
+    mp_entry_unuse(e);
   }
+  size_t n = w.n;
+  free(w.e);
   if (mp_load_acquire(&pool->retire.orphan_pending) != 0) {
     mp_retire_wait(pool, &pool->retire.orphan_pending);
     n++;
   }
+  mp_streams_reap(pool);
   return n;
 }

@@ -43,7 +43,7 @@ static void thread_exit(void *arg) {
       MP_HOOK(MP_HOOK_EXIT_FLUSH, tc);
       /* The slots' blocks go behind their streams; a slot whose stream
        * was released has been emptied by the release. */
-      mp_streams_thread_flush(pool, tc);
+      mp_streams_thread_flush(pool, tc, true);
       tc->s_slot = NULL;
       tc->s_handle = NULL;
       mp_tcache_enter_owner_wait(tc); /* a thief that began before EXITING */
@@ -133,7 +133,7 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
      * go back. */
     tc->epoch = ep;
     mp_tls_last = tc;
-    mp_streams_thread_flush(pool, tc);
+    mp_streams_thread_flush(pool, tc, false);
     mp_tcache_enter_owner_wait(tc);
     mp_tcache_flush(pool, tc, &tc->acct);
     mp_tcache_exit_owner(tc);
@@ -164,6 +164,7 @@ void mp_tcaches_destroy(magpool_t *pool) {
     for (;;) {
       int s = mp_load_acquire(&t->state);
       if (s == MP_TC_EXITING) { /* its thread is flushing: wait */
+        MP_HOOK(MP_HOOK_DESTROY_WAIT, t);
         sched_yield();
         continue;
       }

@@ -15,9 +15,9 @@
  *
  * Locks, by rank: a thread holding a lock of rank r takes only locks of
  * higher rank.  The fast paths take none.
- *   1  streams->create_lock   creating or recycling a stream entry
- *   2  entry->busy            one entry's slow paths (thieves, slot
- *                             creation); the ladder and trim only try it
+ *   1  entry->busy            one entry's slow paths (thieves, slot
+ *                             creation); trim only tries it
+ *   2  streams->dead_lock     the list of released entries
  *   3  pool->grow_lock        growth (calls into the memory source)
  *   3  track->lk              tracking table (tracking on only)
  *   4  host stream lock       one host stream's queue (stream_host.c)
@@ -163,7 +163,8 @@ typedef struct mp_retire {
 typedef struct mp_sslot {
   struct mp_tcache *owner;      /* immutable                             */
   struct mp_sentry *e;          /* immutable                             */
-  struct mp_sslot *next;        /* entry's list (immutable once pushed)  */
+  _Atomic(struct mp_sslot *) next; /* entry's list: changed under the
+                                   entry lock, walked lock-free (RCU)    */
   struct mp_sslot *tnext;       /* owner record's list (owner only)      */
   mp_revoke rv;                 /* owner vs thieves (revoke.h)           */
   _Atomic int64_t bytes;        /* bytes cached (written as the cache,
@@ -172,26 +173,32 @@ typedef struct mp_sslot {
   mp_mag *full[MP_MAX_CLASSES]; /* chain of full magazines (via next)    */
 } mp_sslot;
 
-/* One per (pool, stream id). */
+/* One per (pool, stream id) while the stream is in use; a new one after
+ * each release.  Life (stream_table.c): created into the table (liburcu
+ * cds_lfht, found inside read-side sections), removed from it by release
+ * onto the pool's dead list, freed with call_rcu once it is dead, has no
+ * users (slots, waiters) and no pending batch. */
 typedef struct mp_sentry {
-  _Atomic uint64_t sid;       /* 0: empty or released.  Set under the
-                                 create lock, cleared by release under the
-                                 entry lock                             */
-  magpool_stream_t handle;    /* valid while sid != 0 (written before the
-                                 sid is published, RELEASE)             */
-  _Atomic int busy;           /* the entry lock (rank 2)                */
+  uint64_t key;               /* stream id + 1 (0 is never an id + 1)   */
+  _Atomic uint64_t sid;       /* key while live, 0 once released (under
+                                 the entry lock)                        */
+  magpool_stream_t handle;    /* valid while sid != 0 (immutable)       */
+  _Atomic int busy;           /* the entry lock (rank 1)                */
   _Atomic int64_t pending;    /* batches retired, callback not yet run  */
-  _Atomic(mp_sslot *) slots;  /* push under the entry lock; never shrinks */
+  _Atomic int64_t users;      /* slots, and waiters outside a read-side
+                                 section                                */
+  _Atomic int reaped;         /* dead, no users, no pending: being freed */
+  _Atomic(mp_sslot *) slots;  /* push under the entry lock; slots leave
+                                 only once the entry is dead (RCU)      */
+  struct mp_sentry *dead_next;/* dead list (under dead_lock)            */
 } mp_sentry;
 
-#define MP_STREAM_TABLE 1024u /* live streams per pool with a cache */
-
-/* The stream table: stream id -> entry.  Lock-free lookup (open
- * addressing, entries never freed while the pool lives); creation takes
- * create_lock. */
+/* The stream table: the liburcu hash table of live entries, and the list
+ * of released entries that batches or slots still use. */
 typedef struct mp_streams {
-  pthread_mutex_t create_lock;        /* rank 1                          */
-  _Atomic(mp_sentry *) tab[MP_STREAM_TABLE];
+  struct cds_lfht *ht;         /* stream_table.c only                   */
+  pthread_mutex_t dead_lock;   /* rank 2                                */
+  mp_sentry *dead;
 } mp_streams;
 
 /* Per-thread statistics, written only by the owning thread with plain
@@ -246,11 +253,11 @@ typedef struct mp_tcache {
   mp_acct acct;          /* tree traffic of this thread                */
   mp_tclass cls[MP_MAX_CLASSES];
   mp_tstats st;
-  /* One-entry stream memo (stream_cache.c): (handle, epoch) -> this
-   * thread's slot in the stream's entry; and every slot it owns. */
+  /* One-entry stream memo (stream_cache.c): handle -> this thread's slot
+   * in the stream's entry, valid until the slot is closed by a release
+   * (per entry); and every slot it owns. */
   magpool_stream_t s_handle;
   mp_sslot *s_slot;
-  uint64_t s_epoch;
   bool s_check_capture;  /* CUDA streams: frees ask about capture     */
   mp_sslot *s_slots;
   _Atomic int state;
@@ -299,8 +306,6 @@ struct magpool_s {
 
   mp_retire retire;            /* retire.c                              */
   mp_streams *streams;         /* stream_table.c                        */
-  _Atomic uint64_t stream_epoch; /* bumped by every stream release: the
-                                  thread memos' validity                */
 
   /* MP_DEBUG >= 2 only (always present, so every build agrees on the
    * layout): calls in progress and calls begun, to tell a quiescent
