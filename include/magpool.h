@@ -122,10 +122,10 @@ typedef struct magpool_config {
                                 this pool; default 8 MiB, and never more
                                 than pool_size / 8 (larger values are
                                 lowered at creation); 0 disables the
-                                per-thread caches.  Other threads cannot
-                                use what a thread caches until that thread
-                                next calls magpool on the pool or exits:
-                                N threads may hold N times this much      */
+                                per-thread caches.  Another thread's
+                                allocation that does not fit takes what
+                                idle threads cache (see magpool_alloc);
+                                a trim does not                            */
   size_t cache_max_block;    /* blocks larger than this bypass the caches;
                                 default 1 MiB                              */
   size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks
@@ -189,7 +189,8 @@ MAGPOOL_API int magpool_create(const magpool_config_t *cfg, magpool_t **out);
  * allocations included.  Must not overlap any other call on the pool.  For
  * pools used with streams: every stream the pool was used on must have been
  * synchronised (or released with magpool_stream_release) first; destroy then
- * waits for pending stream batches to come back.  Other threads' cache
+ * waits for pending stream batches to come back (a host stream that never
+ * drains makes it wait forever, asleep).  Other threads' cache
  * records for the pool are orphaned and freed by those threads when they
  * exit; destroy never waits for them, except for a thread that is exiting
  * at that moment.  Returns MAGPOOL_EINVAL for NULL. */
@@ -206,9 +207,21 @@ MAGPOOL_API int magpool_destroy(magpool_t *pool);
  * PINNED pools to what cudaMalloc / cudaHostAlloc give (at least 256 B).  size 0 is valid: it returns a
  * unique block of min_block bytes that must be freed like any other.
  * Returns NULL with MAGPOOL_EINVAL for a NULL pool, and MAGPOOL_ENOMEM when
- * the request does not fit after the out-of-memory ladder (drain caches and
- * ready lists, wait for pending stream frees, grow) - sizes near SIZE_MAX
- * included.  The pool stays usable after a failure.
+ * the request does not fit - sizes near SIZE_MAX included.  The pool stays
+ * usable after a failure.
+ *
+ * The out-of-memory promise (every allocation call, sync and async):
+ * MAGPOOL_ENOMEM only if the request still does not fit after all of
+ *   - every thread's caches for the pool are returned, idle threads'
+ *     included (taken over while their threads are outside magpool);
+ *   - every depot is drained and every stream cache retired;
+ *   - every stream free pending when the call began has completed: the
+ *     call waits for those streams, however long their work takes (a
+ *     stream whose work never completes makes it wait forever);
+ *   - growth has been tried (allow_growth, up to max_pool_size).
+ * While other threads keep freeing on streams, the ladder runs again (up
+ * to 64 rounds) as long as completions keep coming.  Memory that other
+ * threads hold live, or take meanwhile, is not there.
  * Blocks from the synchronous API are ready for host use (HOST and PINNED
  * pools) or for any stream (DEVICE pools) at once. */
 MAGPOOL_API void *magpool_alloc(magpool_t *pool, size_t size);
@@ -246,14 +259,17 @@ MAGPOOL_API size_t magpool_usable_size(magpool_t *pool, const void *ptr);
  * MAGPOOL_EINVAL for NULL. */
 MAGPOOL_API int magpool_trim(magpool_t *pool);
 
-/* Fills *out with a snapshot of the pool's statistics.  O(number of threads
- * that used the pool + tree levels).  MAGPOOL_EINVAL for NULL arguments. */
+/* Fills *out with a snapshot of the pool's statistics, from counters kept
+ * per thread and per depot, and the trees' summaries for the largest free
+ * block; no bitmap is scanned.  O(threads that used the pool + tree levels
+ * + streams in use with the pool).  MAGPOOL_EINVAL for NULL arguments. */
 MAGPOOL_API int magpool_get_stats(magpool_t *pool, magpool_stats_t *out);
 
 /* A cheap query for memory-pressure decisions: *free_bytes receives what
  * the pool could still hand out without growing (free in the tree plus
  * cached), *total_bytes the memory it has reserved.  Either pointer may be
- * NULL.  MAGPOOL_EINVAL for a NULL pool. */
+ * NULL.  The same cost as magpool_get_stats.  MAGPOOL_EINVAL for a NULL
+ * pool. */
 MAGPOOL_API int magpool_mem_info(magpool_t *pool, size_t *free_bytes,
                                  size_t *total_bytes);
 
@@ -304,10 +320,14 @@ MAGPOOL_API int magpool_free_async(magpool_t *pool, void *ptr,
 /* Call before destroying stream s (or when s will no longer be used with
  * this pool), and before beginning a capture on s: every thread's cache of
  * blocks freed on s is retired behind s's pending work, and the pool
- * forgets s.  Does not wait for s; it may wait a few microseconds for a
- * thread that is inside an async call on s.  Must not race async calls on
- * s itself.  Returns 0 also when the pool has
- * never seen s.  After it, s's handle may be reused for a new stream. */
+ * forgets s: its entry leaves the stream table (freed once its pending
+ * frees complete and every thread has let go of it), and every thread's
+ * cache for s closes.  Does not wait for s; it may wait a few
+ * microseconds for a thread that is inside an async call on s, or that is
+ * retiring its own cache for s.  Must not race async calls on s itself.
+ * Returns 0 also when the pool has never seen s.  After it, s's handle may
+ * be reused for a new stream, which the pool tells apart by its id.  A
+ * thread's cudaStreamPerThread entry is released when the thread exits. */
 MAGPOOL_API int magpool_stream_release(magpool_t *pool, magpool_stream_t s);
 
 /* ------------------------------------------------------------------------ */

@@ -115,7 +115,8 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   pool->min_shift = mp_log2_floor(c.min_block);
 
   /* A thread may hoard at most an eighth of the initial pool, whatever
-   * was asked: idle threads' caches cannot be reclaimed by others. */
+   * was asked: only the out-of-memory ladder reaches idle threads'
+   * caches, so this bounds what a trim leaves behind. */
   if (c.thread_cache_bytes > c.pool_size / 8) c.thread_cache_bytes = c.pool_size / 8;
   pool->cfg.thread_cache_bytes = c.thread_cache_bytes;
   pool->nclasses = cache_classes(pool, c.thread_cache_bytes, pool->mag_cap);

@@ -21,7 +21,8 @@
 // wait for the whole device (cudaMalloc, cudaFree, pageable copies, first
 // launch of a kernel: kernels are loaded eagerly up front).
 //
-// Set MAGPOOL_TEST_TRACE=1 for timestamped progress on stderr.
+// Set MAGPOOL_TEST_TRACE=1 for timestamped progress on stderr, and
+// MAGPOOL_GPU_TEST_SMALL=1 for a size compute-sanitizer gets through.
 //
 // Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
 #include <cuda_runtime.h>
@@ -284,7 +285,8 @@ size_t grab(magpool_t *pool, cudaStream_t s, bool sync, size_t count, size_t n,
 
 void gated_stream() {
   const size_t PS = 256u << 20, SC = 64u << 10;
-  const size_t N = 8192, SZ = 1024;
+  // MAGPOOL_GPU_TEST_SMALL: a size compute-sanitizer gets through.
+  const size_t N = std::getenv("MAGPOOL_GPU_TEST_SMALL") ? 512 : 8192, SZ = 1024;
   magpool_t *pool = make_pool(PS, SC, 4u << 20);
   cudaStream_t A, B;
   CK(cudaStreamCreateWithFlags(&A, cudaStreamNonBlocking));

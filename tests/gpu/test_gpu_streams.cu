@@ -1,7 +1,9 @@
 // test_gpu_streams.cu - stream-ordered allocation on real CUDA streams.
 //
 // Usage: test_gpu_streams [TOTAL_ALLOCS [POOL_MIB]]
-//   TOTAL_ALLOCS  allocations over all threads (default 131072, >= 10^5)
+//   TOTAL_ALLOCS  allocations over all threads (default 131072, >= 10^5;
+//                 4096 with MAGPOOL_GPU_TEST_SMALL=1 in the environment,
+//                 for compute-sanitizer)
 //   POOL_MIB      DEVICE pool size in MiB (default 1024)
 //
 // 8 host threads share 8 CUDA streams (non-blocking, so that no implicit
@@ -248,7 +250,9 @@ void *worker(void *arg) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  long total = argc > 1 ? std::strtol(argv[1], nullptr, 10) : 131072;
+  // MAGPOOL_GPU_TEST_SMALL: a size compute-sanitizer gets through.
+  long total = argc > 1 ? std::strtol(argv[1], nullptr, 10)
+                        : std::getenv("MAGPOOL_GPU_TEST_SMALL") ? 4096 : 131072;
   long pool_mib = argc > 2 ? std::strtol(argv[2], nullptr, 10) : 1024;
   if (total < kThreads || pool_mib < 64) {
     std::fprintf(stderr, "usage: %s [TOTAL_ALLOCS >= %d [POOL_MIB >= 64]]\n", argv[0], kThreads);

@@ -17,8 +17,10 @@
 #             workloads                                   -> $OUT/bench.log
 #   stress    magpool-stress, 20 s (10 s plain + 10 s with host streams)
 #                                                         -> $OUT/stress.log
-#   memcheck  compute-sanitizer --tool memcheck on every ctest test whose
-#             executable's name starts with test_gpu (skipped if none)
+#   memcheck  compute-sanitizer memcheck, racecheck and synccheck on every
+#             ctest test whose executable's name starts with test_gpu
+#             (skipped if none), each test in its small size
+#             (MAGPOOL_GPU_TEST_SMALL=1)
 #                                                         -> $OUT/memcheck.log
 # and a summary (step status, ctest result, SUMMARY and TARGET lines) on
 # stdout and in $OUT/summary.txt.  At most 6 files land in $OUT.
@@ -135,7 +137,10 @@ unpack_deps() {
 deps_rc=$?
 
 LIBDIR=$DEPS/usr/lib/x86_64-linux-gnu
-export CPATH="$DEPS/usr/include${CPATH:+:$CPATH}"
+export CPATH="$DEPS/usr/include:$DEPS/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
+# The unpacked .pc files say prefix=/usr: the sysroot puts their -I and -L
+# under $DEPS (liburcu).
+export PKG_CONFIG_SYSROOT_DIR=$DEPS
 export LIBRARY_PATH="$LIBDIR${LIBRARY_PATH:+:$LIBRARY_PATH}"
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$DEPS/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
@@ -202,16 +207,21 @@ for t in gpu:
     for kv in props.get("ENVIRONMENT", []):
         k, _, v = kv.partition("=")
         env[k] = v
-    cmd = [os.environ["SANITIZER"], "--tool", "memcheck", "--error-exitcode", "97",
-           "--target-processes", "all", "--leak-check", "full"] + t["command"]
-    print("== memcheck:", t["name"], ":", " ".join(cmd), flush=True)
-    try:
-        rc = subprocess.call(cmd, cwd=props.get("WORKING_DIRECTORY"), env=env, timeout=180)
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    print("== memcheck:", t["name"], "rc", rc, flush=True)
-    bad += rc != 0
-print("memcheck: %d of %d GPU test executables clean" % (len(gpu) - bad, len(gpu)))
+    env["MAGPOOL_GPU_TEST_SMALL"] = "1"  # each test's compute-sanitizer size
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        extra = ["--leak-check", "full"] if tool == "memcheck" else []
+        cmd = [os.environ["SANITIZER"], "--tool", tool, "--error-exitcode", "97",
+               "--target-processes", "all"] + extra + t["command"]
+        print("== %s: %s: %s" % (tool, t["name"], " ".join(cmd)), flush=True)
+        try:
+            rc = subprocess.call(cmd, cwd=props.get("WORKING_DIRECTORY"), env=env, timeout=150)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        print("== %s: %s rc %s" % (tool, t["name"], rc), flush=True)
+        print("SANITIZER %s %s %s" % (tool, t["name"], "clean" if rc == 0 else "FAIL(rc %s)" % rc),
+              flush=True)
+        bad += rc != 0
+print("sanitizers: %d failures over %d GPU test executables x 3 tools" % (bad, len(gpu)))
 sys.exit(1 if bad else 0)
 EOF
 }
@@ -238,7 +248,7 @@ for s in "${steps[@]}"; do
           "$stress_bin" --threads "$STRESS_THREADS" --seconds 10 --seed 2 --streams 4
       } ;;
     memcheck)
-      run_step memcheck "$OUT/memcheck.log" 200 bash -c "$(declare -f memcheck); memcheck" ;;
+      run_step memcheck "$OUT/memcheck.log" 480 bash -c "$(declare -f memcheck); memcheck" ;;
   esac
 done
 
@@ -261,7 +271,7 @@ done
   fi
   if [ -f "$OUT/memcheck.log" ]; then
     echo "-- memcheck:"
-    grep -E 'ERROR SUMMARY|^memcheck:|rc [0-9]|timeout' "$OUT/memcheck.log" | tail -n 20
+    grep -E 'ERROR SUMMARY|^SANITIZER|^sanitizers:|^memcheck:|timeout' "$OUT/memcheck.log" | tail -n 30
   fi
   echo "-- steps:"
   printf '   %s\n' "${status[@]}"
