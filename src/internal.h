@@ -29,6 +29,12 @@ extern const mp_source_ops mp_source_host;
  * any thread (relaxed: tests arm it before the pool calls it). */
 extern const mp_source_ops mp_source_failing;
 void mp_source_failing_arm(long countdown);
+/* Host-stream ordering that fails on demand (retire's failure paths):
+ * while armed (countdown >= 0), the next `countdown` after() calls succeed
+ * and every later one fails with MAGPOOL_ENOMEM; callbacks report
+ * `status` as a device error when it is nonzero.  Process-global. */
+extern const mp_stream_ops mp_stream_failing_ops;
+void mp_stream_failing_arm(long countdown, int status);
 
 /* ----------------------------------------------------------- source_cuda.c */
 /* Present in every build; without CUDA they fail with MAGPOOL_ENODEV at
@@ -311,6 +317,8 @@ void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order);
  * names (tests only; NULL restores the normal choice).  Process-global,
  * read at magpool_create. */
 void mp_pool_set_source_override(const mp_source_ops *ops);
+/* The same for the stream ops of HOST pools (tests only). */
+void mp_pool_set_stream_override(const mp_stream_ops *ops);
 
 /* ----------------------------------------------------------------- alloc.c */
 /* (the shared inline hand-out is in alloc.h) */

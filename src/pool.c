@@ -11,6 +11,11 @@
 
 static _Atomic uint64_t next_pool_uid = 1;
 static _Atomic(const mp_source_ops *) source_override;
+static _Atomic(const mp_stream_ops *) stream_override;
+
+void mp_pool_set_stream_override(const mp_stream_ops *ops) {
+  mp_store_release(&stream_override, ops);
+}
 
 void mp_pool_set_source_override(const mp_source_ops *ops) {
   mp_store_release(&source_override, ops);
@@ -74,6 +79,8 @@ static void backend_for(magpool_mem_kind_t kind, const mp_source_ops **src,
   else *src = &mp_source_host;
   if (ovr != NULL) *src = ovr;
   *sops = kind == MAGPOOL_MEM_HOST ? &mp_host_stream_ops : &mp_cuda_stream_ops;
+  const mp_stream_ops *sovr = mp_load_acquire(&stream_override);
+  if (sovr != NULL && kind == MAGPOOL_MEM_HOST) *sops = sovr;
 }
 
 /* ------------------------------------------------------- create/destroy */
