@@ -1,19 +1,12 @@
-/* test_cache_api.c - the per-thread caches' public contract, through
- * include/magpool.h only (see magpool_config_t.thread_cache_bytes,
- * magpool_trim and magpool_stats_t.cached_bytes).
+/* test_threads.c - many threads on one pool, and the per-thread caches'
+ * public contract (magpool_config_t.thread_cache_bytes, magpool_trim and
+ * magpool_stats_t.cached_bytes).
  *
- * What the public API can measure: magpool_stats_t.cached_bytes is the sum
- * of every thread's cache, every depot (shared stacks of full magazines)
- * and every stream cache (no streams are used here).  Depots are not
- * visible on their own, so where a test needs one thread's cache alone it
- * uses the contract of magpool_trim: a trim from another thread empties the
- * depots and the trimming thread's cache but cannot touch the cache of a
- * live idle thread - after it, cached_bytes is exactly what the idle
- * threads hold.  Where a test reads cached_bytes while depots may hold
- * magazines, it allows the depot bound of docs/design.md: per size class
- * min(2 x thread_cache_bytes, pool_size / 16).
- *
- * Each Criterion test runs in its own process.
+ *   mt         random traffic from four threads, frees on other threads
+ *              than the allocating one; the caches of live, exited and
+ *              stale threads
+ *   cache_api  what the caches hold, when they give it back, and their
+ *              bound
  */
 #define _POSIX_C_SOURCE 200809L /* pthread_barrier_t */
 
@@ -22,7 +15,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <pthread.h>
-#include <stdbool.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,28 +24,353 @@
 #include "test_util.h"
 
 /* ------------------------------------------------------------------ */
-/* helpers                                                            */
+/* multi-threaded                                                     */
 /* ------------------------------------------------------------------ */
 
-static magpool_t *pool_new(size_t pool_size, size_t thread_cache_bytes) {
-  magpool_config_t cfg;
-  magpool_config_init(&cfg);
-  cfg.pool_size = pool_size;
-  cfg.thread_cache_bytes = thread_cache_bytes;
-  magpool_t *pool = NULL;
-  int rc = magpool_create(&cfg, &pool);
-  cr_assert_eq(rc, 0, "magpool_create(pool %zu, cache %zu) = %d (%s)",
-               pool_size, thread_cache_bytes, rc, magpool_strerror(rc));
-  cr_assert_not_null(pool);
-  return pool;
+#define MT_THREADS 4
+#define MT_SLOTS 256
+#define MT_XCHG 64
+#if MPT_ASAN
+#define MT_OPS 100000
+#else
+#define MT_OPS 600000
+#endif
+
+#define COOKIE_HEAD 0x6D61677068656164ull /* "magphead" */
+#define COOKIE_TAIL 0x6D61677074616C6Cull /* "magptall" */
+
+typedef struct mt_shared {
+  magpool_t *pool;
+  _Atomic(void *) xchg[MT_XCHG];
+  _Atomic long errors;
+  _Atomic long allocs;
+  _Atomic long frees;
+  _Atomic int first_taken;
+  char first[200];
+} mt_shared;
+
+typedef struct mt_arg {
+  mt_shared *sh;
+  unsigned id;
+} mt_arg;
+
+static void mt_err(mt_shared *sh, const char *msg, const void *p, size_t n) {
+  atomic_fetch_add(&sh->errors, 1);
+  int e = 0;
+  if (atomic_compare_exchange_strong(&sh->first_taken, &e, 1))
+    snprintf(sh->first, sizeof sh->first, "%s (ptr %p, %zu)", msg, p, n);
 }
 
-static magpool_stats_t stats_of(magpool_t *pool) {
-  magpool_stats_t s;
-  memset(&s, 0xA5, sizeof s);
-  cr_assert_eq(magpool_get_stats(pool, &s), 0);
-  return s;
+/* Block layout while live: [0,8) head cookie, [8,16) requested size,
+ * [usable-8, usable) tail cookie.  usable >= 64 always. */
+static void *mt_alloc(mt_shared *sh, size_t size) {
+  void *p = magpool_alloc(sh->pool, size);
+  if (!p) {
+    mt_err(sh, "allocation failed", NULL, size);
+    return NULL;
+  }
+  size_t u = magpool_usable_size(sh->pool, p);
+  if (u < size || u < 64 || !mpt_is_pow2(u) || !mpt_is_aligned(p, u)) {
+    mt_err(sh, "bad usable size / alignment", p, u);
+    return p;
+  }
+  uint64_t head = COOKIE_HEAD ^ (uint64_t)(uintptr_t)p;
+  uint64_t tail = COOKIE_TAIL ^ (uint64_t)(uintptr_t)p ^ size;
+  uint64_t sz = size;
+  memcpy(p, &head, 8);
+  memcpy((char *)p + 8, &sz, 8);
+  memcpy((char *)p + u - 8, &tail, 8);
+  atomic_fetch_add_explicit(&sh->allocs, 1, memory_order_relaxed);
+  return p;
 }
+
+static void mt_free(mt_shared *sh, void *p, int sized) {
+  size_t u = magpool_usable_size(sh->pool, p);
+  if (u < 64) {
+    mt_err(sh, "live block not live", p, u);
+    return;
+  }
+  uint64_t head, sz, tail;
+  memcpy(&head, p, 8);
+  memcpy(&sz, (char *)p + 8, 8);
+  memcpy(&tail, (char *)p + u - 8, 8);
+  if (head != (COOKIE_HEAD ^ (uint64_t)(uintptr_t)p))
+    mt_err(sh, "head cookie overwritten", p, u);
+  if (tail != (COOKIE_TAIL ^ (uint64_t)(uintptr_t)p ^ sz))
+    mt_err(sh, "tail cookie overwritten", p, u);
+  /* Scramble so that a second owner of the same block would notice. */
+  uint64_t junk = 0xDEADDEADDEADDEADull;
+  memcpy(p, &junk, 8);
+  memcpy((char *)p + u - 8, &junk, 8);
+  int rc = sized ? magpool_free_sized(sh->pool, p, (size_t)sz)
+                 : magpool_free(sh->pool, p);
+  if (rc != 0)
+    mt_err(sh, sized ? "free_sized failed" : "free failed", p, (size_t)sz);
+  else
+    atomic_fetch_add_explicit(&sh->frees, 1, memory_order_relaxed);
+}
+
+static size_t mt_size(mpt_rng *r) {
+  uint64_t d = mpt_below(r, 1000);
+  if (d < 600)
+    return (size_t)mpt_range(r, 0, 256);
+  if (d < 900)
+    return (size_t)mpt_range(r, 257, 8 * KiB);
+  if (d < 995)
+    return (size_t)mpt_range(r, 8 * KiB + 1, 128 * KiB);
+  return (size_t)mpt_range(r, 128 * KiB + 1, 2 * MiB); /* past the caches */
+}
+
+static void *mt_worker(void *vp) {
+  mt_arg *a = vp;
+  mt_shared *sh = a->sh;
+  mpt_rng r = mpt_rng_seed(77 + a->id);
+  void *slots[MT_SLOTS] = {0};
+  for (long op = 0; op < MT_OPS; op++) {
+    uint64_t x = mpt_next(&r);
+    size_t i = (size_t)(x % MT_SLOTS);
+    uint64_t what = (x >> 20) % 100;
+    if (what < 5) {
+      /* Hand a block to whoever takes the exchange slot next: frees from
+       * threads other than the allocating one. */
+      void *mine = slots[i];
+      slots[i] = NULL;
+      if (!mine)
+        mine = mt_alloc(sh, mt_size(&r));
+      if (mine) {
+        void *theirs =
+            atomic_exchange(&sh->xchg[(x >> 40) % MT_XCHG], mine);
+        if (theirs)
+          mt_free(sh, theirs, (int)((x >> 50) & 1));
+      }
+    } else if (slots[i]) {
+      mt_free(sh, slots[i], (int)((x >> 50) & 1));
+      slots[i] = NULL;
+    } else {
+      slots[i] = mt_alloc(sh, mt_size(&r));
+    }
+    if (a->id == 0 && op % 8192 == 8191) {
+      /* Trim and stats run concurrently with everything else. */
+      if (magpool_trim(sh->pool) != 0)
+        mt_err(sh, "concurrent trim failed", NULL, 0);
+      magpool_stats_t s;
+      if (magpool_get_stats(sh->pool, &s) != 0)
+        mt_err(sh, "concurrent get_stats failed", NULL, 0);
+      else if (s.used_bytes > s.reserved_bytes)
+        mt_err(sh, "used_bytes > reserved_bytes", NULL, s.used_bytes);
+    }
+  }
+  for (size_t i = 0; i < MT_SLOTS; i++)
+    if (slots[i])
+      mt_free(sh, slots[i], (int)(i & 1));
+  return NULL;
+}
+
+Test(mt, random_traffic_four_threads, .timeout = 300) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 256 * MiB});
+  mt_shared *sh = calloc(1, sizeof *sh);
+  cr_assert_not_null(sh);
+  sh->pool = pool;
+  pthread_t th[MT_THREADS];
+  mt_arg args[MT_THREADS];
+  for (unsigned i = 0; i < MT_THREADS; i++) {
+    args[i].sh = sh;
+    args[i].id = i;
+    cr_assert_eq(pthread_create(&th[i], NULL, mt_worker, &args[i]), 0);
+  }
+  for (unsigned i = 0; i < MT_THREADS; i++)
+    pthread_join(th[i], NULL);
+  for (size_t k = 0; k < MT_XCHG; k++) {
+    void *p = atomic_exchange(&sh->xchg[k], NULL);
+    if (p)
+      mt_free(sh, p, 0);
+  }
+  long errors = atomic_load(&sh->errors);
+  cr_assert_eq(errors, 0, "%ld errors; first: %s", errors, sh->first);
+  long allocs = atomic_load(&sh->allocs), frees = atomic_load(&sh->frees);
+  cr_assert_gt(allocs, 0);
+  cr_assert_eq(allocs, frees, "allocs %ld != frees %ld", allocs, frees);
+
+  /* Conservation: the workers have exited, so trim gets back their caches
+   * too; the pool is one free block again. */
+  mpt_assert_all_free(pool);
+  magpool_stats_t s = mpt_stats(pool);
+  cr_assert_eq(s.alloc_count, (uint64_t)allocs);
+  cr_assert_eq(s.free_count, (uint64_t)frees);
+  cr_assert_eq(s.largest_free_block, 256 * MiB);
+  cr_assert_eq(s.reserved_bytes, 256 * MiB);
+  free(sh);
+  mpt_pool_done(pool);
+  MPT_ASSERT_NO_LEAKS();
+}
+
+/* A thread that cached blocks and is still alive returns its whole cache
+ * for the pool at its next allocation or free on that pool after a trim. */
+typedef struct cache_arg {
+  magpool_t *pool;
+  pthread_barrier_t *bar;
+  int errors;
+  size_t kept_usable;
+} cache_arg;
+
+static void *cache_worker(void *vp) {
+  cache_arg *a = vp;
+  void *ps[200];
+  void *kept = magpool_alloc(a->pool, 64);
+  if (!kept)
+    a->errors++;
+  a->kept_usable = kept ? magpool_usable_size(a->pool, kept) : 0;
+  for (int i = 0; i < 200; i++) {
+    ps[i] = magpool_alloc(a->pool, 64 + (size_t)(i % 4) * 64);
+    if (!ps[i])
+      a->errors++;
+  }
+  for (int i = 0; i < 200; i++)
+    if (ps[i] && magpool_free(a->pool, ps[i]) != 0)
+      a->errors++;
+  pthread_barrier_wait(a->bar); /* A: cache filled */
+  pthread_barrier_wait(a->bar); /* B: main trimmed */
+  /* The next free on this pool returns the whole cache (and then caches
+   * at most this one block). */
+  if (kept && magpool_free(a->pool, kept) != 0)
+    a->errors++;
+  pthread_barrier_wait(a->bar); /* C */
+  pthread_barrier_wait(a->bar); /* D: main checked, while we still live */
+  return NULL;
+}
+
+Test(mt, live_thread_returns_cache_after_trim, .timeout = 60) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 16 * MiB});
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  cache_arg a = {pool, &bar, 0, 0};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, cache_worker, &a), 0);
+  pthread_barrier_wait(&bar); /* A */
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stats_t before = mpt_stats(pool);
+  pthread_barrier_wait(&bar); /* B */
+  pthread_barrier_wait(&bar); /* C */
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stats_t s = mpt_stats(pool);
+  pthread_barrier_wait(&bar); /* D */
+  pthread_join(t, NULL);
+  cr_assert_eq(a.errors, 0);
+  cr_assert_eq(s.live_count, 0);
+  cr_assert_leq(s.cached_bytes, a.kept_usable,
+                "a live thread kept %zu cached bytes after trim and its next "
+                "free on the pool (%zu before); at most the block it freed "
+                "(%zu) may stay",
+                s.cached_bytes, before.cached_bytes, a.kept_usable);
+  mpt_assert_stats_conserved(&s);
+  pthread_barrier_destroy(&bar);
+  /* The thread has exited: its cache came back at exit. */
+  mpt_assert_all_free(pool);
+  cr_assert_eq(mpt_stats(pool).largest_free_block, 16 * MiB);
+  mpt_pool_done(pool);
+  MPT_ASSERT_NO_LEAKS();
+}
+
+static void *exit_worker(void *vp) {
+  cache_arg *a = vp;
+  for (int round = 0; round < 20; round++) {
+    void *ps[100];
+    for (int i = 0; i < 100; i++) {
+      ps[i] = magpool_alloc(a->pool, (size_t)(i % 8) * 100);
+      if (!ps[i])
+        a->errors++;
+    }
+    for (int i = 0; i < 100; i++)
+      if (ps[i] && magpool_free(a->pool, ps[i]) != 0)
+        a->errors++;
+  }
+  return NULL;
+}
+
+Test(mt, exited_threads_caches_come_back, .timeout = 60) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 16 * MiB});
+  cache_arg a[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    a[i] = (cache_arg){pool, NULL, 0, 0};
+    cr_assert_eq(pthread_create(&t[i], NULL, exit_worker, &a[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    cr_assert_eq(a[i].errors, 0);
+  }
+  mpt_assert_all_free(pool);
+  cr_assert_eq(mpt_stats(pool).largest_free_block, 16 * MiB);
+  mpt_pool_done(pool);
+  MPT_ASSERT_NO_LEAKS();
+}
+
+/* A thread holds cache entries of pool A; A is destroyed and B created
+ * (perhaps at A's address).  A's records are orphaned: the thread must
+ * never hand them out as B's blocks. */
+static void *stale_worker(void *vp) {
+  cache_arg *a = vp;
+  void *ps[300];
+  for (int i = 0; i < 300; i++)
+    ps[i] = magpool_alloc(a->pool, 64 + (size_t)(i % 3) * 64);
+  for (int i = 0; i < 300; i++)
+    if (!ps[i] || magpool_free(a->pool, ps[i]) != 0)
+      a->errors++;
+  pthread_barrier_wait(a->bar); /* A: cache holds blocks of the old pool */
+  pthread_barrier_wait(a->bar); /* B: old pool destroyed, a->pool is new */
+  magpool_t *pool = a->pool;
+  for (int i = 0; i < 300; i++) {
+    size_t sz = 64 + (size_t)(i % 3) * 64;
+    ps[i] = magpool_alloc(pool, sz);
+    if (!ps[i] || magpool_usable_size(pool, ps[i]) < sz) {
+      a->errors++;
+      ps[i] = NULL;
+      continue;
+    }
+    memset(ps[i], 0x3C, sz); /* faults if it came from the dead pool */
+  }
+  for (int i = 0; i < 300; i++)
+    if (ps[i] && magpool_free(pool, ps[i]) != 0)
+      a->errors++;
+  return NULL;
+}
+
+Test(mt, stale_cache_after_destroy, .timeout = 60) {
+  magpool_t *old = mpt_pool(&(mpt_cfg){.pool_size = 8 * MiB});
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  cache_arg a = {old, &bar, 0, 0};
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, stale_worker, &a), 0);
+  pthread_barrier_wait(&bar); /* A */
+  cr_assert_eq(magpool_destroy(old), 0);
+  a.pool = mpt_pool(&(mpt_cfg){.pool_size = 8 * MiB});
+  pthread_barrier_wait(&bar); /* B */
+  pthread_join(t, NULL);
+  cr_assert_eq(a.errors, 0, "%d errors using a new pool after the old one "
+                            "was destroyed under a thread's cache",
+               a.errors);
+  mpt_assert_all_free(a.pool);
+  cr_assert_eq(mpt_stats(a.pool).largest_free_block, 8 * MiB);
+  pthread_barrier_destroy(&bar);
+  mpt_pool_done(a.pool);
+  MPT_ASSERT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------------ */
+/* the caches' public contract                                        */
+/* ------------------------------------------------------------------ */
+
+/* What the public API can measure: magpool_stats_t.cached_bytes is the sum
+ * of every thread's cache, every depot (shared stacks of full magazines)
+ * and every stream cache (no streams are used here).  Depots are not
+ * visible on their own, so where a test needs one thread's cache alone it
+ * uses the contract of magpool_trim: a trim from another thread empties the
+ * depots and the trimming thread's cache but cannot touch the cache of a
+ * live idle thread - after it, cached_bytes is exactly what the idle
+ * threads hold.  Where a test reads cached_bytes while depots may hold
+ * magazines, it allows the depot bound of docs/design.md: per size class
+ * min(2 x thread_cache_bytes, pool_size / 16). */
 
 /* Not for use in worker threads (Criterion asserts belong to the test's
  * thread): workers record their failures in their argument struct. */
@@ -60,38 +378,6 @@ static size_t cached_now(magpool_t *pool) {
   magpool_stats_t s;
   if (magpool_get_stats(pool, &s) != 0) return SIZE_MAX;
   return s.cached_bytes;
-}
-
-/* On a quiescent pool: used + cached + pending + free == reserved. */
-static void assert_conserved(const magpool_stats_t *s) {
-  cr_assert_eq(s->used_bytes + s->cached_bytes + s->pending_bytes +
-                   s->free_bytes,
-               s->reserved_bytes,
-               "used %zu + cached %zu + pending %zu + free %zu != reserved "
-               "%zu", s->used_bytes, s->cached_bytes, s->pending_bytes,
-               s->free_bytes, s->reserved_bytes);
-}
-
-/* After trim, with nothing live and no other live thread: nothing cached,
- * and a power-of-two pool is one free block that one allocation gets. */
-static void assert_one_block(magpool_t *pool, size_t pool_size) {
-  cr_assert_eq(magpool_trim(pool), 0);
-  magpool_stats_t s = stats_of(pool);
-  assert_conserved(&s);
-  cr_assert_eq(s.cached_bytes, 0, "cached_bytes %zu after trim",
-               s.cached_bytes);
-  cr_assert_eq(s.used_bytes, 0, "used_bytes %zu", s.used_bytes);
-  cr_assert_eq(s.pending_bytes, 0);
-  cr_assert_eq(s.free_bytes, pool_size);
-  cr_assert_eq(s.largest_free_block, pool_size,
-               "largest free block %zu, pool %zu: not one block after trim",
-               s.largest_free_block, pool_size);
-  void *all = magpool_alloc(pool, pool_size);
-  cr_assert_not_null(all, "alloc of the whole pool failed: %s",
-                     magpool_strerror(magpool_last_error()));
-  cr_assert_eq(magpool_free(pool, all), 0);
-  cr_assert_eq(magpool_trim(pool), 0);
-  cr_assert_eq(magpool_check(pool), 0);
 }
 
 /* Depot bound of docs/design.md, per size class. */
@@ -105,18 +391,15 @@ static size_t depot_bound(size_t pool_size, size_t tcb) {
 /* ------------------------------------------------------------------ */
 
 Test(cache_api, frees_are_cached) {
-  magpool_config_t cfg;
-  magpool_config_init(&cfg);
-  magpool_t *pool = NULL;
-  cr_assert_eq(magpool_create(&cfg, &pool), 0); /* default HOST pool */
+  magpool_t *pool = mpt_pool(&(mpt_cfg){0}); /* the default HOST pool */
   void *p[100];
   for (int i = 0; i < 100; i++) {
     p[i] = magpool_alloc(pool, 1 * KiB);
     cr_assert_not_null(p[i]);
   }
   for (int i = 0; i < 100; i++) cr_assert_eq(magpool_free(pool, p[i]), 0);
-  magpool_stats_t s = stats_of(pool);
-  assert_conserved(&s);
+  mpt_assert_conserved(pool);
+  magpool_stats_t s = mpt_stats(pool);
   cr_assert_gt(s.cached_bytes, 0, "nothing cached after 100 frees");
   cr_assert_eq(s.used_bytes, 0, "used_bytes %zu after freeing everything",
                s.used_bytes);
@@ -125,7 +408,7 @@ Test(cache_api, frees_are_cached) {
   size_t fb = 0, tb = 0;
   cr_assert_eq(magpool_mem_info(pool, &fb, &tb), 0);
   cr_assert_eq(fb, tb);
-  assert_one_block(pool, cfg.pool_size);
+  mpt_assert_one_block(pool);
   cr_assert_eq(magpool_destroy(pool), 0);
 }
 
@@ -155,8 +438,8 @@ static void *cache_and_exit(void *vp) {
 }
 
 Test(cache_api, exited_thread_then_trim) {
-  const size_t pool_size = 256 * MiB;
-  magpool_t *pool = pool_new(pool_size, 16 * MiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 256 * MiB, .thread_cache = 16 * MiB});
   fill_arg a = {.pool = pool};
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, cache_and_exit, &a), 0);
@@ -164,7 +447,7 @@ Test(cache_api, exited_thread_then_trim) {
   cr_assert_eq(a.failed, 0);
   cr_assert_gt(a.cached_seen, 0, "the thread cached nothing");
   /* The thread is gone; trim from the main thread. */
-  assert_one_block(pool, pool_size);
+  mpt_assert_one_block(pool);
   cr_assert_eq(magpool_destroy(pool), 0);
 }
 
@@ -177,10 +460,10 @@ Test(cache_api, exited_thread_then_trim) {
 #define IDLE_TCB (8 * MiB)
 /* Fragmentation slack for the main thread's 1 MiB blocks, justified by
  * the fill below.  With thread_cache_bytes = 8 MiB the magazine capacities
- * of docs/design.md (min(64, tcb / 4 / block) slots) are 64, 64, 64, 32,
- * 8 and 2 for the six sizes, so each size is allocated exactly one
- * magazine's worth: one refill carves it out of one block of 64 KiB,
- * 256 KiB, 1 MiB, 2 MiB, 2 MiB and 2 MiB, and after the frees every
+ * (src/pool.c: the largest power of two <= min(64, tcb / 4 / block) slots)
+ * are 64, 64, 64, 32, 8 and 2 for the six sizes, so each size is allocated
+ * exactly one magazine's worth: one refill carves it out of one block of
+ * 64 KiB, 256 KiB, 1 MiB, 2 MiB, 2 MiB and 2 MiB, and after the frees every
  * carved block is cached whole (7.3125 MiB per thread, no reclaim, nothing
  * reaches a depot).  Only the 64 KiB and 256 KiB carves are smaller than
  * the main thread's 1 MiB blocks: each can spoil at most one 1 MiB-aligned
@@ -242,7 +525,8 @@ static void *idle_worker(void *vp) {
 }
 
 Test(cache_api, idle_threads_do_not_starve_main, .timeout = 300) {
-  magpool_t *pool = pool_new(IDLE_POOL, IDLE_TCB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = IDLE_POOL, .thread_cache = IDLE_TCB});
   idle_shared *sh = calloc(1, sizeof *sh);
   cr_assert_not_null(sh);
   sh->pool = pool;
@@ -272,7 +556,7 @@ Test(cache_api, idle_threads_do_not_starve_main, .timeout = 300) {
                   "(the fill reaches no depot)", i, sh->delta[i]);
     sum += sh->delta[i];
   }
-  magpool_stats_t s = stats_of(pool);
+  magpool_stats_t s = mpt_stats(pool);
   cr_assert_eq(s.cached_bytes, sum, "cached %zu, threads' fills %zu",
                s.cached_bytes, sum);
   cr_assert_leq(s.cached_bytes, IDLE_THREADS * IDLE_TCB);
@@ -289,7 +573,7 @@ Test(cache_api, idle_threads_do_not_starve_main, .timeout = 300) {
   cr_assert_eq(err, MAGPOOL_ENOMEM, "last error %d (%s), expected ENOMEM",
                err, magpool_strerror(err));
   size_t got = nb * MiB;
-  s = stats_of(pool);
+  s = mpt_stats(pool);
   cr_log_info("idle: threads cache %zu B; main got %zu MiB; afterwards "
               "cached %zu, free %zu, largest free %zu", sum, got >> 20,
               s.cached_bytes, s.free_bytes, s.largest_free_block);
@@ -316,12 +600,12 @@ Test(cache_api, idle_threads_do_not_starve_main, .timeout = 300) {
   for (int i = 0; i < IDLE_THREADS; i++) pthread_join(th[i], NULL);
 
   cr_assert_eq(magpool_trim(pool), 0);
-  s = stats_of(pool);
+  s = mpt_stats(pool);
   cr_assert_eq(s.cached_bytes, 0, "cached %zu after exits + trim",
                s.cached_bytes);
   cr_assert_eq(s.used_bytes, 0);
   cr_assert_eq(magpool_check(pool), 0);
-  assert_one_block(pool, IDLE_POOL);
+  mpt_assert_one_block(pool);
   pthread_cond_destroy(&sh->cv);
   pthread_mutex_destroy(&sh->mu);
   free(sh);
@@ -425,7 +709,8 @@ static void run_phases(phase_arg *a, size_t cache[BOUND_PHASES]) {
 }
 
 Test(cache_api, bound_per_thread, .timeout = 300) {
-  magpool_t *pool = pool_new(BOUND_POOL, BOUND_TCB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = BOUND_POOL, .thread_cache = BOUND_TCB});
   phase_arg *a = calloc(1, sizeof *a);
   a->pool = pool;
   a->live_target = BOUND_LIVE;
@@ -449,7 +734,7 @@ Test(cache_api, bound_per_thread, .timeout = 300) {
                   "%zu", ph, cache[ph], (size_t)BOUND_TCB);
   }
   free(a);
-  assert_one_block(pool, BOUND_POOL);
+  mpt_assert_one_block(pool);
   cr_assert_eq(magpool_destroy(pool), 0);
 }
 
@@ -467,7 +752,8 @@ Test(cache_api, bound_per_thread, .timeout = 300) {
  * class hold far less than 2 MiB of 1 KiB blocks; the test below is the
  * one that tells the two apart.) */
 Test(cache_api, oversized_limit_lowered_1k) {
-  magpool_t *pool = pool_new(SMALL_POOL, 64 * MiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = SMALL_POOL, .thread_cache = 64 * MiB});
   enum { N = 8192 }; /* 8 MiB of 1 KiB blocks */
   void **p = malloc(N * sizeof *p);
   for (int i = 0; i < N; i++) {
@@ -478,14 +764,14 @@ Test(cache_api, oversized_limit_lowered_1k) {
   size_t mx = 0;
   for (int i = 0; i < N; i++) {
     cr_assert_eq(magpool_free(pool, p[i]), 0);
-    size_t c = stats_of(pool).cached_bytes;
+    size_t c = mpt_stats(pool).cached_bytes;
     if (c > mx) mx = c;
     cr_assert_leq(c, bound, "free %d: cached %zu > 2 MiB + depot 1 MiB", i, c);
   }
   free(p);
   cr_log_info("lowered_1k: max cached %zu", mx);
   cr_assert_gt(mx, 0);
-  assert_one_block(pool, SMALL_POOL);
+  mpt_assert_one_block(pool);
   cr_assert_eq(magpool_destroy(pool), 0);
 }
 
@@ -495,7 +781,8 @@ Test(cache_api, oversized_limit_lowered_1k) {
 static const size_t lowered_sizes[] = {64 * KiB};
 
 Test(cache_api, oversized_limit_lowered_thread, .timeout = 120) {
-  magpool_t *pool = pool_new(SMALL_POOL, 64 * MiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = SMALL_POOL, .thread_cache = 64 * MiB});
   phase_arg *a = calloc(1, sizeof *a);
   a->pool = pool;
   a->live_target = 8 * MiB;
@@ -516,6 +803,6 @@ Test(cache_api, oversized_limit_lowered_thread, .timeout = 120) {
                   cache[ph]);
   }
   free(a);
-  assert_one_block(pool, SMALL_POOL);
+  mpt_assert_one_block(pool);
   cr_assert_eq(magpool_destroy(pool), 0);
 }

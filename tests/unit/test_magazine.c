@@ -30,25 +30,6 @@
 /* helpers                                                            */
 /* ------------------------------------------------------------------ */
 
-static magpool_t *pool_make(size_t pool_size, size_t thread_cache_bytes) {
-  magpool_config_t cfg;
-  magpool_config_init(&cfg);
-  cfg.pool_size = pool_size;
-  cfg.thread_cache_bytes = thread_cache_bytes;
-  magpool_t *pool = NULL;
-  int rc = magpool_create(&cfg, &pool);
-  cr_assert_eq(rc, 0, "magpool_create(pool %zu, cache %zu) = %d", pool_size,
-               thread_cache_bytes, rc);
-  cr_assert_not_null(pool);
-  return pool;
-}
-
-static magpool_stats_t stats_of(magpool_t *pool) {
-  magpool_stats_t s;
-  cr_assert_eq(magpool_get_stats(pool, &s), 0);
-  return s;
-}
-
 static uint64_t cached_of(const mp_tcache *tc) {
   return mp_load_relaxed(&tc->st.cached);
 }
@@ -66,20 +47,13 @@ static unsigned order_of(magpool_t *pool, size_t size) {
   return o;
 }
 
-/* After trim with nothing live and no other live thread: the (power-of-
- * two) pool is one free block again and the checker is happy. */
+/* mpt_assert_one_block, and the tree of the (one) region agrees: its
+ * root is free and is the largest free block. */
 static void assert_one_block(magpool_t *pool) {
-  cr_assert_eq(magpool_trim(pool), 0);
-  magpool_stats_t s = stats_of(pool);
-  cr_assert_eq(s.cached_bytes, 0, "cached_bytes %zu after trim", s.cached_bytes);
-  cr_assert_eq(s.used_bytes, 0, "used_bytes %zu", s.used_bytes);
-  cr_assert_eq(s.largest_free_block, s.reserved_bytes,
-               "largest free block %zu != pool %zu after trim",
-               s.largest_free_block, s.reserved_bytes);
+  mpt_assert_one_block(pool);
   mp_tree *t = &pool->regions[0]->tree;
   cr_assert_eq(mp_tree_largest_free_order(t), (int)t->top);
   cr_assert(mp_tree_is_free(t, 0, t->top));
-  cr_assert_eq(magpool_check(pool), 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -89,7 +63,8 @@ static void assert_one_block(magpool_t *pool) {
 #define NSTACK_MAGS 12
 
 Test(stack, lifo_single_thread) {
-  magpool_t *pool = pool_make(16 * MiB, 1 * MiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 16 * MiB, .thread_cache = 1 * MiB});
   mp_stack s;
   memset(&s, 0, sizeof s);
   cr_assert(((uintptr_t)&s & (MP_CACHELINE - 1)) == 0);
@@ -229,7 +204,8 @@ static void *torture_worker(void *vp) {
 }
 
 Test(stack, four_thread_torture, .timeout = 300) {
-  magpool_t *pool = pool_make(16 * MiB, 1 * MiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 16 * MiB, .thread_cache = 1 * MiB});
   mp_stack *s = aligned_alloc(MP_CACHELINE, sizeof *s);
   cr_assert_not_null(s);
   memset(s, 0, sizeof *s);
@@ -297,7 +273,8 @@ Test(stack, four_thread_torture, .timeout = 300) {
 /* 1 MiB pool, 64 B units (top 14), caching off: every block below goes
  * straight between the test and the tree. */
 Test(give, buddies_merge_into_parent) {
-  magpool_t *pool = pool_make(1 * MiB, 0);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 1 * MiB, .thread_cache = MPT_ZERO});
   mp_tcache *tc = mp_tcache_get(pool);
   cr_assert_not_null(tc);
   cr_assert_eq(tc->nclasses, 0, "caching should be off");
@@ -373,7 +350,7 @@ Test(give, buddies_merge_into_parent) {
   cr_assert_eq(fu, t->nunits);
 
   mp_acct_flush(pool, &tc->acct);
-  magpool_stats_t s = stats_of(pool);
+  magpool_stats_t s = mpt_stats(pool);
   cr_assert_eq(s.used_bytes, 0);
   cr_assert_eq(s.largest_free_block, 1 * MiB);
   cr_assert_eq(magpool_check(pool), 0);
@@ -382,7 +359,8 @@ Test(give, buddies_merge_into_parent) {
 
 /* Blocks that are adjacent without being buddies must not merge. */
 Test(give, adjacent_non_buddies_stay_apart) {
-  magpool_t *pool = pool_make(1 * MiB, 0);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 1 * MiB, .thread_cache = MPT_ZERO});
   mp_tcache *tc = mp_tcache_get(pool);
   mp_region *r = pool->regions[0];
   mp_tree *t = &r->tree;
@@ -501,7 +479,8 @@ static void free_checked(magpool_t *pool, mp_tcache *tc, void *p) {
 /* Exact carves with tcb = 1 MiB (classes 64 B .. 512 KiB; magazine caps
  * min(64, 256 KiB / block)), as the cache fills up. */
 Test(refill, carve_shrinks_with_room) {
-  magpool_t *pool = pool_make(64 * MiB, 1 * MiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .thread_cache = 1 * MiB});
   mp_tcache *tc = mp_tcache_get(pool);
   cr_assert_not_null(tc);
   cr_assert_eq(tc->limit, 1 * MiB);
@@ -566,7 +545,8 @@ Test(refill, carve_shrinks_with_room) {
 /* Random mixed classes (64 B .. 2 MiB, so also uncached sizes): the bound
  * after every call, and the refill rule at every refill miss. */
 Test(refill, mixed_classes_bound, .timeout = 300) {
-  magpool_t *pool = pool_make(256 * MiB, 1 * MiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 256 * MiB, .thread_cache = 1 * MiB});
   mp_tcache *tc = mp_tcache_get(pool);
   cr_assert_not_null(tc);
   mp_tree *t = &pool->regions[0]->tree;
@@ -661,7 +641,8 @@ static void *exit_worker(void *vp) {
 Test(exit, cache_returns_to_tree) {
   /* tcb 4 MiB: class caps min(64, 1 MiB / block); 150 frees of one class
    * overflow loaded + previous, so the depots get magazines too. */
-  magpool_t *pool = pool_make(64 * MiB, 4 * MiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .thread_cache = 4 * MiB});
   exit_arg a = {.pool = pool};
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, exit_worker, &a), 0);
@@ -683,7 +664,7 @@ Test(exit, cache_returns_to_tree) {
   }
   /* The main thread has no record and there are no streams: the stats'
    * cached bytes are the depots alone (exit does not drain depots). */
-  magpool_stats_t s = stats_of(pool);
+  magpool_stats_t s = mpt_stats(pool);
   int64_t dep = depot_total(pool);
   cr_assert_eq((int64_t)s.cached_bytes, dep, "cached %zu != depots %lld",
                s.cached_bytes, (long long)dep);
@@ -704,7 +685,7 @@ Test(exit, cache_returns_to_tree) {
   cr_assert_gt(b.cached_before_exit, 0);
   cr_assert_eq(mp_load_acquire(&b.tc->state), MP_TC_FREE);
   cr_assert_eq(mp_load_relaxed(&b.tc->st.cached), 0);
-  s = stats_of(pool);
+  s = mpt_stats(pool);
   cr_assert_eq((int64_t)s.cached_bytes,
                depot_total(pool) + (int64_t)mp_load_relaxed(&a.tc->st.cached));
   assert_one_block(pool);
@@ -741,7 +722,8 @@ Test(depot, overflow_drain_and_trim) {
   /* 16 MiB pool, tcb 256 KiB: the 1 KiB class has 64-slot magazines
    * (64 KiB each), the depot limit is min(2 x 256 KiB, 16 MiB / 16) =
    * 512 KiB per class. */
-  magpool_t *pool = pool_make(16 * MiB, 256 * KiB);
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 16 * MiB, .thread_cache = 256 * KiB});
   mp_tcache *tc = mp_tcache_get(pool);
   cr_assert_not_null(tc);
   const unsigned o = order_of(pool, 1 * KiB);
@@ -767,7 +749,7 @@ Test(depot, overflow_drain_and_trim) {
     if (i < 128)
       cr_assert_eq(d, 0, "free %d: a magazine went to the depot before "
                    "loaded and previous were full", i);
-    magpool_stats_t s = stats_of(pool);
+    magpool_stats_t s = mpt_stats(pool);
     cr_assert_eq(s.cached_bytes, (size_t)c + (size_t)depot_total(pool),
                  "free %d: stats cached %zu != thread %llu + depots %lld", i,
                  s.cached_bytes, (unsigned long long)c,
@@ -779,7 +761,7 @@ Test(depot, overflow_drain_and_trim) {
   cr_assert_eq(max_depot, 512 * KiB);
   cr_assert_eq(mp_load_relaxed(&pool->depot[o].bytes), 512 * KiB);
   cr_assert_eq(depot_inspect(pool, o), 8);
-  magpool_stats_t s = stats_of(pool);
+  magpool_stats_t s = mpt_stats(pool);
   cr_assert_eq(s.cached_bytes, 640 * KiB);
   cr_assert_eq(s.used_bytes, 0);
   cr_assert_eq(magpool_check(pool), 0);
@@ -802,12 +784,12 @@ Test(depot, overflow_drain_and_trim) {
   /* Drain: the depots are empty, their blocks are in the tree. */
   int64_t dep = depot_total(pool);
   cr_assert_gt(dep, 0);
-  size_t free_before = stats_of(pool).free_bytes;
+  size_t free_before = mpt_stats(pool).free_bytes;
   mp_depot_drain(pool, NULL);
   cr_assert_eq(depot_total(pool), 0);
   for (unsigned k = 0; k < MP_MAX_CLASSES; k++)
     cr_assert_null(mp_stack_pop_mpmc(pool, &pool->depot[k]), "depot %u not empty", k);
-  s = stats_of(pool);
+  s = mpt_stats(pool);
   cr_assert_eq(s.cached_bytes, (size_t)cached_of(tc));
   cr_assert_eq(s.free_bytes, free_before + (size_t)dep);
   cr_assert_eq(s.used_bytes, 0);
