@@ -19,7 +19,9 @@
  * when both come up empty.  While a thief holds our magazines, the tree
  * serves us directly. */
 static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
-  mp_retire_drain(pool, &tc->acct); /* lazy coalescing of stream frees */
+  /* Lazy coalescing of stream frees; the check saves a call when none is
+   * ready. */
+  if (mp_load_relaxed(&pool->retire.ready) != NULL) mp_retire_drain(pool, &tc->acct);
   void *p;
   if (order < tc->nclasses && mp_tcache_enter_owner(tc)) {
     p = mp_cache_alloc_slow(pool, tc, order);
@@ -30,8 +32,8 @@ static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned ord
   return p != NULL ? p : mp_ladder_take(pool, tc, order);
 }
 
-void *mp_alloc_order(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size,
-                     uint32_t flags) {
+MP_INLINE void *alloc_order(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size,
+                            uint32_t flags) {
   void *p = NULL;
   mp_mag *m;
   if (order < tc->nclasses && mp_tcache_enter_owner(tc)) {
@@ -45,6 +47,11 @@ void *mp_alloc_order(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size
   return mp_hand_out(pool, tc, p, order, size, flags);
 }
 
+void *mp_alloc_order(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size,
+                     uint32_t flags) {
+  return alloc_order(pool, tc, order, size, flags);
+}
+
 /* Everything but a magazine hit. */
 static MP_NOINLINE void *alloc_full(magpool_t *pool, size_t size, uint32_t flags) {
   if (MP_UNLIKELY(pool == NULL)) return mp_fail(MAGPOOL_EINVAL);
@@ -52,7 +59,7 @@ static MP_NOINLINE void *alloc_full(magpool_t *pool, size_t size, uint32_t flags
   if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
   mp_tcache *tc = mp_tcache_get(pool);
   if (MP_UNLIKELY(tc == NULL)) return mp_fail(MAGPOOL_ENOMEM);
-  return mp_alloc_order(pool, tc, order, size, flags);
+  return alloc_order(pool, tc, order, size, flags);
 }
 
 /* The fast path.  The header needs no big-slack words here: cached blocks
@@ -98,8 +105,8 @@ void *mp_alloc_flags(magpool_t *pool, size_t size, uint32_t flags) {
 
 /* ------------------------------------------------------------ free path */
 
-void mp_free_validated(magpool_t *pool, mp_tcache *tc, void *p, _Atomic uint32_t *h,
-                       unsigned order, size_t req) {
+MP_INLINE void free_validated(magpool_t *pool, mp_tcache *tc, void *p, _Atomic uint32_t *h,
+                              unsigned order, size_t req) {
   /* Claim: the header moves live -> 0 exactly once per allocation.  A
    * plain store suffices between frees the program orders; keeping locked
    * instructions off the fast path is why racing double frees of one
@@ -142,8 +149,13 @@ static MP_NOINLINE int free_full(magpool_t *pool, void *p, size_t size, bool siz
   _Atomic uint32_t *h;
   int rc = mp_block_validate(pool, p, size, sized, scoped, &h, &order, &req);
   if (MP_UNLIKELY(rc != 0)) return rc;
-  mp_free_validated(pool, mp_tcache_get(pool), p, h, order, req);
+  free_validated(pool, mp_tcache_get(pool), p, h, order, req);
   return 0;
+}
+
+void mp_free_validated(magpool_t *pool, mp_tcache *tc, void *p, _Atomic uint32_t *h,
+                       unsigned order, size_t req) {
+  free_validated(pool, tc, p, h, order, req);
 }
 
 /* The fast path: p is a live block of region 0 of a cached class, and the
