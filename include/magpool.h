@@ -219,9 +219,12 @@ MAGPOOL_API int magpool_destroy(magpool_t *pool);
  *     call waits for those streams, however long their work takes (a
  *     stream whose work never completes makes it wait forever);
  *   - growth has been tried (allow_growth, up to max_pool_size).
- * While other threads keep freeing on streams, the ladder runs again (up
- * to 64 rounds) as long as completions keep coming.  Memory that other
- * threads hold live, or take meanwhile, is not there.
+ * While other threads keep freeing on streams and taking what comes back,
+ * the ladder runs again as long as completions keep coming and the
+ * request could fit beside the live allocations (up to 1024 rounds).
+ * Memory that other threads hold live is not there.  Memory that is free
+ * but in the middle of another thread's merge or split is waited for
+ * briefly.
  * Blocks from the synchronous API are ready for host use (HOST and PINNED
  * pools) or for any stream (DEVICE pools) at once. */
 MAGPOOL_API void *magpool_alloc(magpool_t *pool, size_t size);

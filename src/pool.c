@@ -6,6 +6,7 @@
 #include "thread.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -188,8 +189,36 @@ int magpool_destroy(magpool_t *pool) {
 
 /* ---------------------------------------------------------------- ladder */
 
-/* Rounds the ladder makes while completions keep coming (see below). */
-#define MP_LADDER_ROUNDS 64
+/* Rounds the ladder makes at most while completions keep coming (see
+ * below). */
+#define MP_LADDER_ROUNDS 1024
+
+/* Tries a failing take again while the trees hold enough free bytes for
+ * it: a free block is out of sight for a moment while another thread
+ * merges it with its buddy or splits it (claimed, its parts or parent not
+ * yet published), and a pool where every thread allocates and frees
+ * large blocks is seldom out of such a window for long. */
+#define MP_LADDER_RETAKES 64
+
+static void *retake(magpool_t *pool, mp_tcache *tc, unsigned order) {
+  for (unsigned i = 0; i < MP_LADDER_RETAKES; i++) {
+    magpool_stats_t st;
+    magpool_get_stats(pool, &st);
+    if (st.free_bytes < mp_block_bytes(pool, order)) return NULL;
+    sched_yield();
+    void *p = mp_region_take(pool, &tc->acct, order);
+    if (p != NULL) return p;
+  }
+  return NULL;
+}
+
+/* Could the request fit if what is not live came back: live bytes plus
+ * the request within what the pool holds? */
+static bool could_fit(magpool_t *pool, unsigned order) {
+  magpool_stats_t st;
+  magpool_get_stats(pool, &st);
+  return st.used_bytes + mp_block_bytes(pool, order) <= st.reserved_bytes;
+}
 
 /* The out-of-memory promise (magpool.h): MAGPOOL_ENOMEM only when the
  * request does not fit after every rung.  Each rung frees more, at a
@@ -202,8 +231,10 @@ int magpool_destroy(magpool_t *pool) {
  *      coalesce
  *   3  grow, as long as growing helps
  * A round that ends with batches still pending or ready (other threads
- * free on streams meanwhile) is followed by another, up to
- * MP_LADDER_ROUNDS: a completion that is known to be coming is waited for.
+ * free on streams meanwhile, and take what the rungs freed first) is
+ * followed by another, as long as the request could fit beside what is
+ * live, up to MP_LADDER_ROUNDS: a completion that is known to be coming is
+ * waited for; memory held live is not there.
  * The caller holds no lock and is outside its record's critical section
  * on every rung, so two ladders never wait for each other. */
 void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order) {
@@ -232,10 +263,15 @@ void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order) {
         break; /* growing no longer helps */
       }
     }
-    if (round + 1 >= MP_LADDER_ROUNDS ||
-        (mp_load_acquire(&pool->retire.pending_batches) == 0 &&
-         mp_load_acquire(&pool->retire.ready) == NULL))
-      return mp_fail(MAGPOOL_ENOMEM);
+    if (round + 1 < MP_LADDER_ROUNDS &&
+        /* ready_bytes, not the list: it falls only once a drainer (maybe
+         * another thread, list already taken) has given the blocks back. */
+        (mp_load_acquire(&pool->retire.pending_batches) != 0 ||
+         mp_load_acquire(&pool->retire.ready_bytes) != 0) &&
+        could_fit(pool, order))
+      continue;
+    void *p = retake(pool, tc, order);
+    return p != NULL ? p : mp_fail(MAGPOOL_ENOMEM);
   }
 }
 

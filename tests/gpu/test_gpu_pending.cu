@@ -31,6 +31,8 @@ constexpr size_t kPool = 64u << 20;
 
 std::atomic<int> g_fail{0};
 std::atomic<long> g_enomem{0}, g_allocs{0};
+std::atomic<int> g_snap_taken{0};
+magpool_stats_t g_snap; // the pool right after the first ENOMEM
 
 #define CK(x)                                                                        \
   do {                                                                               \
@@ -73,8 +75,11 @@ void *worker(void *varg) {
     void *p = magpool_alloc_async(a->pool, kBlock, s);
     g_allocs++;
     if (p == nullptr) {
-      if (magpool_last_error() == MAGPOOL_ENOMEM) g_enomem++;
-      else g_fail++;
+      if (magpool_last_error() == MAGPOOL_ENOMEM) {
+        if (g_enomem++ == 0 && !g_snap_taken.exchange(1)) magpool_get_stats(a->pool, &g_snap);
+      } else {
+        g_fail++;
+      }
       continue;
     }
     k_write_hold<<<64, 256, 0, s>>>(static_cast<uint32_t *>(p), kBlock / 4,
@@ -134,6 +139,11 @@ int main(int argc, char **argv) {
   std::printf("gpu_pending: %ld allocations of 4 MiB on a 64 MiB pool, %ld ENOMEM, "
               "peak %zu bytes\n",
               g_allocs.load(), g_enomem.load(), st.peak_used_bytes);
+  if (g_snap_taken)
+    std::printf("gpu_pending: at the first ENOMEM: used %zu, cached %zu, pending %zu, free %zu, "
+                "largest free %zu, live %llu\n",
+                g_snap.used_bytes, g_snap.cached_bytes, g_snap.pending_bytes, g_snap.free_bytes,
+                g_snap.largest_free_block, (unsigned long long)g_snap.live_count);
   bool ok = g_fail == 0 && g_enomem == 0;
   std::printf("gpu_pending: %s\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
