@@ -1,7 +1,7 @@
 /* stress.c - magpool-stress: a multi-threaded torture test of the public API.
  *
  *   magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]
- *                  [--pool-mb M] [--exit-every N]
+ *                  [--pool-mb M] [--exit-every N] [--churn]
  *
  * T worker slots each run a thread that, until time is up, allocates blocks
  * of random sizes (log-uniform, 64 B .. 1 MiB; a per-slot splitmix64 PRNG
@@ -65,6 +65,23 @@
  *   run goes on with the synchronous API so that the rest is still
  *   checked.
  *
+ * Stream churn (--churn, needs --streams K).  K more host streams, the
+ * "boxes", are used by one worker at a time: magpool_stream_release must
+ * not race async calls on the stream it releases, and a stream is
+ * released before it is destroyed.  A worker takes a free box (CAS on the
+ * box's busy flag, ACQUIRE), uses it next to its fixed stream for a random
+ * number of operations (mean CHURN_HOLD), then gives it back: it syncs the
+ * stream, so no block of its window stays owned by it; then, the box being
+ * its alone, it does nothing (1/4), releases the stream from the pool and
+ * goes on using it (1/4), or releases it, destroys it and creates a new
+ * stream in its place (1/2); then it clears the busy flag (RELEASE).  A
+ * new stream often gets the old handle (a host stream is a malloc'd
+ * object): the pool must tell the two apart by id.  The previous holders'
+ * thread records keep stream slots for a box's stream with blocks in
+ * them, and workers that exit (thread churn) flush theirs, while the
+ * holder releases and destroys it.  The stamp tasks check that a block
+ * freed on a box stays with that stream until its work has run.
+ *
  * The last line printed is, exactly:
  *   stress: N ops, T threads, S s, X overlaps, Y lost
  * N: alloc and free calls made; X: overlaps found; Y: bytes the pool did not
@@ -115,6 +132,7 @@
 #define DEFAULT_POOL_MB 256
 #define DEFAULT_EXIT_EVERY (STRESS_TSAN ? 20000 : 200000)
 #define WATCHDOG_GRACE_S (STRESS_TSAN ? 600 : 180)
+#define CHURN_HOLD (STRESS_TSAN ? 250 : 2000) /* mean ops a box is held */
 
 #define MIN_SIZE_LOG 6   /* 64 B  */
 #define MAX_SIZE_LOG 20  /* 1 MiB */
@@ -157,6 +175,10 @@ typedef struct counters {
   uint64_t async_frees;  /* successful */
   uint64_t exchanges;
   uint64_t syncs;
+  uint64_t handoffs;     /* --churn: stream boxes taken */
+  uint64_t releases;     /* --churn: magpool_stream_release of a held box */
+  uint64_t recreated;    /* --churn: box streams destroyed and created anew */
+  uint64_t same_handle;  /* ... where the new stream got the old handle */
 } counters;
 
 /* A worker slot.  Its fields are used by the slot's current thread only;
@@ -168,7 +190,9 @@ typedef struct slot {
   uint64_t nserial;
   blk **win;
   unsigned nlive, wcap;
-  int stream; /* index into g_streams, or -1 */
+  int stream; /* fixed stream: index into g_streams, or -1 */
+  int held;   /* --churn: the box held (index into g_streams), or -1 */
+  uint64_t hold_left; /* operations until the box is given back */
   counters c;
   pthread_t th;
   bool running;
@@ -183,6 +207,7 @@ static struct {
   unsigned streams;
   size_t pool_mb;
   uint64_t exit_every;
+  bool churn;
 } g_opt;
 
 static magpool_t *g_pool;
@@ -194,7 +219,12 @@ static _Atomic uint64_t *g_own; /* one bit per granule, relaxed only */
 
 static _Atomic(blk *) g_xchg[NXCHG];
 
+/* g_streams[0, K): the shared streams; with --churn, g_streams[K, 2K): the
+ * boxes.  A box's entry is written only by the worker holding the box (or
+ * by main while no worker runs). */
 static magpool_stream_t *g_streams;
+static unsigned g_nstreams;
+static _Atomic int *g_box_busy; /* [K]: box K + i held; CAS ACQUIRE, store RELEASE */
 static bool g_async_ok; /* written before the workers start */
 
 static _Atomic int g_stop;               /* relaxed: a hint to stop looping */
@@ -414,16 +444,27 @@ static blk *win_take(slot *sl, unsigned i) {
   return b;
 }
 
-/* Syncs sl's stream; every block of the window allocated on it so far has
- * then had its mark task run, so it becomes host-owned. */
-static void stream_sync(slot *sl) {
-  int rc = magpool_host_stream_sync(g_streams[sl->stream]);
+/* Syncs stream j (sl's fixed stream or its box); every block of the window
+ * allocated on it so far has then had its mark task run, so it becomes
+ * host-owned. */
+static void stream_sync(slot *sl, int j) {
+  int rc = magpool_host_stream_sync(g_streams[j]);
   sl->c.syncs++;
   if (rc != 0)
     violation("magpool_host_stream_sync: %s", magpool_strerror(rc));
   for (unsigned i = 0; i < sl->nlive; i++)
-    if (sl->win[i]->stream == sl->stream)
+    if (sl->win[i]->stream == j)
       sl->win[i]->stream = -1;
+}
+
+/* A stream sl may use now: its fixed one or its box (a random one of the
+ * two if it has both), or -1. */
+static int pick_stream(slot *sl, uint64_t r) {
+  if (!g_async_ok)
+    return -1;
+  if (sl->stream >= 0 && sl->held >= 0)
+    return (r & 1) ? sl->held : sl->stream;
+  return sl->stream >= 0 ? sl->stream : sl->held;
 }
 
 static void sync_free(slot *sl, blk *b) {
@@ -443,13 +484,13 @@ static void sync_free(slot *sl, blk *b) {
   free(b);
 }
 
-/* Frees a block in stream order on sl's stream: a stamp task, then
- * free_async.  The block must be host-owned or owned by that stream. */
-static void async_free(slot *sl, blk *b) {
-  magpool_stream_t s = g_streams[sl->stream];
+/* Frees a block in stream order on stream j (one sl may use): a stamp
+ * task, then free_async.  The block must be host-owned or owned by j. */
+static void async_free(slot *sl, blk *b, int j) {
+  magpool_stream_t s = g_streams[j];
   void *p = b->p;
   size_t req = b->req;
-  b->stream = sl->stream; /* read by the stamp task */
+  b->stream = j; /* read by the stamp task */
   int rc = magpool_host_stream_launch(s, stamp_task, b);
   if (rc != 0) {
     violation("magpool_host_stream_launch: %s", magpool_strerror(rc));
@@ -480,12 +521,13 @@ static void async_free(slot *sl, blk *b) {
 static void op_alloc(slot *sl) {
   size_t req = rand_size(sl);
   uint64_t r = rnd(sl);
-  bool async = g_async_ok && sl->stream >= 0 && (r & 1);
+  int j = pick_stream(sl, r >> 5);
+  bool async = j >= 0 && (r & 1);
   /* 1 in 16 async allocations pass the NULL stream: "no stream" on a
    * HOST pool, the same as magpool_alloc. */
   magpool_stream_t s = NULL;
   if (async && ((r >> 1) & 15) != 0)
-    s = g_streams[sl->stream];
+    s = g_streams[j];
   void *p = async ? magpool_alloc_async(g_pool, req, s) : magpool_alloc(g_pool, req);
   sl->c.ops++;
   if (p == NULL) {
@@ -528,7 +570,7 @@ static void op_alloc(slot *sl) {
 
   if (s != NULL) {
     /* Only work queued on s may touch it now. */
-    b->stream = sl->stream;
+    b->stream = j;
     int rc = magpool_host_stream_launch(s, mark_task, b);
     if (rc != 0) {
       violation("magpool_host_stream_launch: %s", magpool_strerror(rc));
@@ -545,8 +587,10 @@ static void op_alloc(slot *sl) {
 
 /* Frees a host-owned block taken from the exchange. */
 static void free_taken(slot *sl, blk *t) {
-  if (g_async_ok && sl->stream >= 0 && (rnd(sl) & 3) == 0)
-    async_free(sl, t);
+  uint64_t r = rnd(sl);
+  int j = pick_stream(sl, r >> 2);
+  if (j >= 0 && (r & 3) == 0)
+    async_free(sl, t, j);
   else
     sync_free(sl, t);
 }
@@ -557,14 +601,15 @@ static void op_free(slot *sl) {
   if (b->stream >= 0) {
     /* Stream-owned: mostly freed on its stream; else sync, then any path. */
     if ((r & 15) < 13) {
-      async_free(sl, b);
+      async_free(sl, b, b->stream);
       return;
     }
-    stream_sync(sl); /* makes b (and its siblings) host-owned */
+    stream_sync(sl, b->stream); /* makes b (and its siblings) host-owned */
     b->stream = -1;
     r >>= 4;
   }
   unsigned k = (unsigned)(r & 7);
+  int j = pick_stream(sl, r >> 40);
   if (k < 2) {
     /* Cross-thread free: swap b into a random slot, free what was there.
      * ACQ_REL: releases our cookie writes to the thread that takes b, and
@@ -573,11 +618,70 @@ static void op_free(slot *sl) {
     sl->c.exchanges++;
     if (t != NULL)
       free_taken(sl, t);
-  } else if (k < 4 && g_async_ok && sl->stream >= 0) {
-    async_free(sl, b);
+  } else if (k < 4 && j >= 0) {
+    async_free(sl, b, j);
   } else {
     sync_free(sl, b);
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stream churn (--churn)                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Tries to take a free box, starting at a random one. */
+static void box_take(slot *sl) {
+  unsigned k = g_opt.streams;
+  unsigned i0 = (unsigned)(rnd(sl) % k);
+  for (unsigned n = 0; n < k; n++) {
+    unsigned i = (i0 + n) % k;
+    int expect = 0;
+    /* ACQUIRE: pairs with the RELEASE of the last holder's box_give, so
+     * its calls on the stream (and a re-created handle) come before ours. */
+    if (load_relaxed(&g_box_busy[i]) == 0 &&
+        atomic_compare_exchange_strong_explicit(&g_box_busy[i], &expect, 1,
+                                                memory_order_acquire, memory_order_relaxed)) {
+      sl->held = (int)(k + i);
+      sl->hold_left = 1 + rnd(sl) % (2 * CHURN_HOLD);
+      sl->c.handoffs++;
+      return;
+    }
+  }
+}
+
+/* Gives the held box back.  First a sync, so that no block of the window
+ * is owned by the box's stream any more (the next holder may destroy it);
+ * then, the box being ours alone, a quarter of the time nothing, a quarter
+ * magpool_stream_release (the stream stays in use), and half the time
+ * release, destroy and create a stream in its place, which often gets the
+ * old handle: the pool must tell the two apart by id. */
+static void box_give(slot *sl) {
+  int j = sl->held;
+  stream_sync(sl, j);
+  unsigned what = (unsigned)(rnd(sl) & 3);
+  if (what >= 1) {
+    int rc = magpool_stream_release(g_pool, g_streams[j]);
+    sl->c.releases++;
+    if (rc != 0)
+      violation("magpool_stream_release (churn): %s", magpool_strerror(rc));
+  }
+  if (what >= 2) {
+    magpool_stream_t old = g_streams[j];
+    int rc = magpool_host_stream_destroy(old);
+    if (rc != 0)
+      violation("magpool_host_stream_destroy (churn): %s", magpool_strerror(rc));
+    rc = magpool_host_stream_create(&g_streams[j]);
+    if (rc != 0) {
+      fprintf(stderr, "magpool-stress: magpool_host_stream_create: %s\n", magpool_strerror(rc));
+      exit(2);
+    }
+    sl->c.recreated++;
+    if (g_streams[j] == old)
+      sl->c.same_handle++;
+  }
+  /* RELEASE: pairs with the next holder's ACQUIRE in box_take. */
+  store_release(&g_box_busy[j - (int)g_opt.streams], 0);
+  sl->held = -1;
 }
 
 static void *worker_main(void *arg) {
@@ -586,12 +690,20 @@ static void *worker_main(void *arg) {
   while (!load_relaxed(&g_stop)) {
     if (g_opt.exit_every != 0 && n >= g_opt.exit_every)
       break;
+    if (g_opt.churn && g_async_ok) {
+      if (sl->held >= 0 && --sl->hold_left == 0)
+        box_give(sl);
+      else if (sl->held < 0 && (n & 15) == 0)
+        box_take(sl);
+    }
     if (sl->nlive == 0 || (sl->nlive < sl->wcap && (rnd(sl) & 1)))
       op_alloc(sl);
     else
       op_free(sl);
     n++;
   }
+  if (sl->held >= 0)
+    box_give(sl);
   /* RELEASE: pairs with main's ACQUIRE poll; the join orders the rest. */
   store_release(&sl->done, 1);
   return NULL;
@@ -604,8 +716,10 @@ static void *worker_main(void *arg) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]\n"
-          "                      [--pool-mb M] [--exit-every N]\n"
-          "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n",
+          "                      [--pool-mb M] [--exit-every N] [--churn]\n"
+          "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n"
+          "--churn (needs K > 0): K more streams, handed from worker to worker,\n"
+          "released, destroyed and created anew while the workers run\n",
           DEFAULT_THREADS, DEFAULT_SECONDS, DEFAULT_SEED, DEFAULT_POOL_MB,
           DEFAULT_EXIT_EVERY);
 }
@@ -637,6 +751,9 @@ static void parse_args(int argc, char **argv) {
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       usage(stdout);
       exit(0);
+    } else if (strcmp(a, "--churn") == 0) {
+      g_opt.churn = true;
+      continue; /* a flag: no value */
     } else if (strcmp(a, "--threads") == 0) {
       ok = parse_u64(v, 1, 1024, &x);
       g_opt.threads = (unsigned)x;
@@ -666,6 +783,11 @@ static void parse_args(int argc, char **argv) {
       exit(2);
     }
     i++;
+  }
+  if (g_opt.churn && g_opt.streams == 0) {
+    fprintf(stderr, "magpool-stress: --churn needs --streams K (K > 0)\n");
+    usage(stderr);
+    exit(2);
   }
 }
 
@@ -702,6 +824,10 @@ static void add_counters(counters *to, const counters *c) {
   to->async_frees += c->async_frees;
   to->exchanges += c->exchanges;
   to->syncs += c->syncs;
+  to->handoffs += c->handoffs;
+  to->releases += c->releases;
+  to->recreated += c->recreated;
+  to->same_handle += c->same_handle;
 }
 
 /* Probes the async API once; on failure reports it and disables it. */
@@ -778,10 +904,12 @@ static void setup(slot *ms) {
     ms->c.frees++;
 
   if (g_opt.streams > 0) {
-    g_streams = calloc(g_opt.streams, sizeof *g_streams);
-    if (g_streams == NULL)
+    g_nstreams = g_opt.churn ? 2 * g_opt.streams : g_opt.streams;
+    g_streams = calloc(g_nstreams, sizeof *g_streams);
+    g_box_busy = calloc(g_opt.streams, sizeof *g_box_busy);
+    if (g_streams == NULL || g_box_busy == NULL)
       exit(2);
-    for (unsigned i = 0; i < g_opt.streams; i++) {
+    for (unsigned i = 0; i < g_nstreams; i++) {
       rc = magpool_host_stream_create(&g_streams[i]);
       if (rc != 0) {
         fprintf(stderr, "magpool-stress: magpool_host_stream_create: %s\n",
@@ -823,7 +951,7 @@ static double run_workers(slot *slots) {
 static void teardown_blocks_and_streams(slot *ms, slot *slots) {
   int rc;
   /* Every stream's tasks done: every block is host-owned. */
-  for (unsigned i = 0; i < g_opt.streams; i++) {
+  for (unsigned i = 0; i < g_nstreams; i++) {
     rc = magpool_host_stream_sync(g_streams[i]);
     if (rc != 0)
       violation("magpool_host_stream_sync: %s", magpool_strerror(rc));
@@ -845,7 +973,7 @@ static void teardown_blocks_and_streams(slot *ms, slot *slots) {
    * the sync lets that run.  Then the streams are destroyed, so that no
    * thread other than this one that ever used the pool is alive (trim
    * cannot touch the caches of live threads). */
-  for (unsigned i = 0; i < g_opt.streams; i++) {
+  for (unsigned i = 0; i < g_nstreams; i++) {
     rc = magpool_stream_release(g_pool, g_streams[i]);
     if (rc != 0)
       violation("magpool_stream_release: %s", magpool_strerror(rc));
@@ -853,7 +981,7 @@ static void teardown_blocks_and_streams(slot *ms, slot *slots) {
     if (rc != 0)
       violation("magpool_host_stream_sync: %s", magpool_strerror(rc));
   }
-  for (unsigned i = 0; i < g_opt.streams; i++) {
+  for (unsigned i = 0; i < g_nstreams; i++) {
     rc = magpool_host_stream_destroy(g_streams[i]);
     if (rc != 0)
       violation("magpool_host_stream_destroy: %s", magpool_strerror(rc));
@@ -956,6 +1084,7 @@ int main(int argc, char **argv) {
   ms.idx = g_opt.threads;
   ms.rng = g_opt.seed * 0x2545f4914f6cdd1dull + 0xabcdefull;
   ms.stream = -1;
+  ms.held = -1;
   setup(&ms);
 
   /* Window: live bytes average about a quarter of the pool.  A block of
@@ -982,11 +1111,13 @@ int main(int argc, char **argv) {
     if (sl->win == NULL)
       return 2;
     sl->stream = g_opt.streams > 0 ? (int)(i % g_opt.streams) : -1;
+    sl->held = -1;
   }
 
   printf("stress: pool %zu MiB, %u threads, %u s, seed %" PRIu64
-         ", %u streams%s, window %zu blocks/thread, exit every %" PRIu64 " ops%s\n",
+         ", %u streams%s%s, window %zu blocks/thread, exit every %" PRIu64 " ops%s\n",
          g_opt.pool_mb, g_opt.threads, g_opt.seconds, g_opt.seed, g_opt.streams,
+         g_opt.churn ? " + as many churned" : "",
          g_opt.streams ? (g_async_ok ? " (async on)" : " (async off)") : "", wcap,
          g_opt.exit_every, STRESS_TSAN ? " [tsan]" : "");
 
@@ -1018,9 +1149,14 @@ int main(int argc, char **argv) {
          " stream syncs, %u worker threads, %.2f Mops/s, %" PRIu64 " violations\n",
          tot.allocs, tot.async_allocs, tot.enomem, tot.frees, tot.async_frees, tot.exchanges,
          tot.syncs, generations, elapsed > 0 ? (double)tot.ops / elapsed / 1e6 : 0.0, viol);
+  if (g_opt.churn)
+    printf("stress: churn: %" PRIu64 " stream hand-offs, %" PRIu64 " releases, %" PRIu64
+           " streams destroyed and created anew (%" PRIu64 " on the old handle)\n",
+           tot.handoffs, tot.releases, tot.recreated, tot.same_handle);
   printf("stress: %" PRIu64 " ops, %u threads, %u s, %" PRIu64 " overlaps, %" PRIu64 " lost\n",
          tot.ops, g_opt.threads, g_opt.seconds, overlaps, lost);
   free(g_streams);
+  free(g_box_busy);
   free(g_own);
   return (viol != 0 || overlaps != 0 || lost != 0) ? 1 : 0;
 }
