@@ -1,7 +1,8 @@
 /* stress.c - magpool-stress: a multi-threaded torture test of the public API.
  *
  *   magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]
- *                  [--pool-mb M] [--exit-every N]
+ *                  [--pool-mb M] [--exit-every N] [--churn]
+ *                  [--destroy-rounds R]
  *
  * T worker slots each run a thread that, until time is up, allocates blocks
  * of random sizes (log-uniform, 64 B .. 1 MiB; a per-slot splitmix64 PRNG
@@ -65,6 +66,46 @@
  *   run goes on with the synchronous API so that the rest is still
  *   checked.
  *
+ * Stream churn (--churn, needs --streams K).  K more host streams, the
+ * "boxes", are used by one worker at a time: magpool_stream_release must
+ * not race async calls on the stream it releases, and a stream is
+ * released before it is destroyed.  A worker takes a free box (CAS on the
+ * box's busy flag, ACQUIRE), uses it next to its fixed stream for a random
+ * number of operations (mean CHURN_HOLD), then gives it back: it syncs the
+ * stream, so no block of its window stays owned by it; then, the box being
+ * its alone, it does nothing (1/4), releases the stream from the pool and
+ * goes on using it (1/4), or releases it, destroys it and creates a new
+ * stream in its place (1/2); then it clears the busy flag (RELEASE).  A
+ * new stream often gets the old handle (a host stream is a malloc'd
+ * object): the pool must tell the two apart by id.  The previous holders'
+ * thread records keep stream slots for a box's stream with blocks in
+ * them, and workers that exit (thread churn) flush theirs, while the
+ * holder releases and destroys it.  The stamp tasks check that a block
+ * freed on a box stays with that stream until its work has run.
+ *
+ * Destroy rounds (--destroy-rounds R, default 0).  Next to the workers, a
+ * rounds thread runs R rounds, one after the other; each:
+ *   - creates a fresh 16 MiB pool and K host streams (K = --streams, or 2),
+ *     and uses the pool itself once (its own record is LIVE at destroy);
+ *   - starts T threads; each allocates blocks (64 B .. 64 KiB, cookies as
+ *     above, written by a mark task for those allocated on a stream) and
+ *     frees a few on every stream after a stamp task, so that its thread
+ *     record owns a slot of each stream with blocks in it; leaves a few
+ *     blocks in its thread cache and a few allocated; then reports done;
+ *   - once all are done (no call on the pool runs any more, as
+ *     magpool_destroy requires), synchronises or releases each stream (at
+ *     random), checks the pool's alloc/free/live counts against its own,
+ *     and tells the threads to exit; after a random short delay (each
+ *     thread has one too) it calls magpool_destroy while they exit;
+ *   - checks that every stamp task had run when destroy returned (destroy
+ *     waits for the batches behind them), joins the threads and destroys
+ *     the streams.
+ * Threads that exit while destroy runs are the race destroy must wait out
+ * before it frees stream state; under ASan or TSan a use after free
+ * shows.  The summary counts threads that returned before, during and
+ * after destroy.  The rounds' calls count in N below; the rounds thread is
+ * joined after the workers, however long its rounds take.
+ *
  * The last line printed is, exactly:
  *   stress: N ops, T threads, S s, X overlaps, Y lost
  * N: alloc and free calls made; X: overlaps found; Y: bytes the pool did not
@@ -115,6 +156,7 @@
 #define DEFAULT_POOL_MB 256
 #define DEFAULT_EXIT_EVERY (STRESS_TSAN ? 20000 : 200000)
 #define WATCHDOG_GRACE_S (STRESS_TSAN ? 600 : 180)
+#define CHURN_HOLD (STRESS_TSAN ? 250 : 2000) /* mean ops a box is held */
 
 #define MIN_SIZE_LOG 6   /* 64 B  */
 #define MAX_SIZE_LOG 20  /* 1 MiB */
@@ -157,7 +199,26 @@ typedef struct counters {
   uint64_t async_frees;  /* successful */
   uint64_t exchanges;
   uint64_t syncs;
+  uint64_t handoffs;     /* --churn: stream boxes taken */
+  uint64_t releases;     /* --churn: magpool_stream_release of a held box */
+  uint64_t recreated;    /* --churn: box streams destroyed and created anew */
+  uint64_t same_handle;  /* ... where the new stream got the old handle */
 } counters;
+
+/* --destroy-rounds: what the rounds did, summed (the rounds thread's own;
+ * main reads it after joining that thread). */
+typedef struct round_totals {
+  unsigned rounds;
+  unsigned threads;        /* round threads started; of them, returned from
+                              their start function (then exit, flushing
+                              their records): */
+  unsigned ret_before;     /* ... before magpool_destroy was called */
+  unsigned ret_during;     /* ... while it ran */
+  unsigned ret_after;      /* ... after it returned */
+  unsigned released;       /* streams released before destroy */
+  unsigned synced;         /* streams only synchronised before destroy */
+  counters c;              /* every call on the rounds' pools */
+} round_totals;
 
 /* A worker slot.  Its fields are used by the slot's current thread only;
  * main reads them after joining it, and a successor thread is created by
@@ -168,7 +229,9 @@ typedef struct slot {
   uint64_t nserial;
   blk **win;
   unsigned nlive, wcap;
-  int stream; /* index into g_streams, or -1 */
+  int stream; /* fixed stream: index into g_streams, or -1 */
+  int held;   /* --churn: the box held (index into g_streams), or -1 */
+  uint64_t hold_left; /* operations until the box is given back */
   counters c;
   pthread_t th;
   bool running;
@@ -183,7 +246,11 @@ static struct {
   unsigned streams;
   size_t pool_mb;
   uint64_t exit_every;
+  bool churn;
+  unsigned destroy_rounds;
 } g_opt;
+
+static void add_counters(counters *to, const counters *c);
 
 static magpool_t *g_pool;
 static size_t g_pool_size;
@@ -194,7 +261,12 @@ static _Atomic uint64_t *g_own; /* one bit per granule, relaxed only */
 
 static _Atomic(blk *) g_xchg[NXCHG];
 
+/* g_streams[0, K): the shared streams; with --churn, g_streams[K, 2K): the
+ * boxes.  A box's entry is written only by the worker holding the box (or
+ * by main while no worker runs). */
 static magpool_stream_t *g_streams;
+static unsigned g_nstreams;
+static _Atomic int *g_box_busy; /* [K]: box K + i held; CAS ACQUIRE, store RELEASE */
 static bool g_async_ok; /* written before the workers start */
 
 static _Atomic int g_stop;               /* relaxed: a hint to stop looping */
@@ -248,14 +320,26 @@ static bool is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
 /* Log-uniform over [64 B, 1 MiB): a random octave, then uniform inside it;
  * 1 in 64 requests is exactly 1 MiB (the cache-bypass boundary). */
-static size_t rand_size(slot *sl) {
+static size_t rand_size_upto(slot *sl, unsigned max_log) {
   uint64_t r = rnd(sl);
   if ((r & 63) == 0)
-    return (size_t)1 << MAX_SIZE_LOG;
+    return (size_t)1 << max_log;
   r >>= 6;
-  unsigned e = MIN_SIZE_LOG + (unsigned)(r % (MAX_SIZE_LOG - MIN_SIZE_LOG));
+  unsigned e = MIN_SIZE_LOG + (unsigned)(r % (max_log - MIN_SIZE_LOG));
   size_t base = (size_t)1 << e;
   return base + (size_t)((r >> 8) % base);
+}
+
+static size_t rand_size(slot *sl) { return rand_size_upto(sl, MAX_SIZE_LOG); }
+
+/* Usable size a power of two >= req, and the block aligned to it. */
+static bool shape_ok(const void *p, size_t req, size_t usable) {
+  if (usable >= req && is_pow2(usable) && ((uintptr_t)p & (usable - 1)) == 0)
+    return true;
+  violation("block %p for %zu bytes: usable size %zu, not a power of two >= the "
+            "request that the block is aligned to",
+            p, req, usable);
+  return false;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -414,16 +498,27 @@ static blk *win_take(slot *sl, unsigned i) {
   return b;
 }
 
-/* Syncs sl's stream; every block of the window allocated on it so far has
- * then had its mark task run, so it becomes host-owned. */
-static void stream_sync(slot *sl) {
-  int rc = magpool_host_stream_sync(g_streams[sl->stream]);
+/* Syncs stream j (sl's fixed stream or its box); every block of the window
+ * allocated on it so far has then had its mark task run, so it becomes
+ * host-owned. */
+static void stream_sync(slot *sl, int j) {
+  int rc = magpool_host_stream_sync(g_streams[j]);
   sl->c.syncs++;
   if (rc != 0)
     violation("magpool_host_stream_sync: %s", magpool_strerror(rc));
   for (unsigned i = 0; i < sl->nlive; i++)
-    if (sl->win[i]->stream == sl->stream)
+    if (sl->win[i]->stream == j)
       sl->win[i]->stream = -1;
+}
+
+/* A stream sl may use now: its fixed one or its box (a random one of the
+ * two if it has both), or -1. */
+static int pick_stream(slot *sl, uint64_t r) {
+  if (!g_async_ok)
+    return -1;
+  if (sl->stream >= 0 && sl->held >= 0)
+    return (r & 1) ? sl->held : sl->stream;
+  return sl->stream >= 0 ? sl->stream : sl->held;
 }
 
 static void sync_free(slot *sl, blk *b) {
@@ -443,13 +538,13 @@ static void sync_free(slot *sl, blk *b) {
   free(b);
 }
 
-/* Frees a block in stream order on sl's stream: a stamp task, then
- * free_async.  The block must be host-owned or owned by that stream. */
-static void async_free(slot *sl, blk *b) {
-  magpool_stream_t s = g_streams[sl->stream];
+/* Frees a block in stream order on stream j (one sl may use): a stamp
+ * task, then free_async.  The block must be host-owned or owned by j. */
+static void async_free(slot *sl, blk *b, int j) {
+  magpool_stream_t s = g_streams[j];
   void *p = b->p;
   size_t req = b->req;
-  b->stream = sl->stream; /* read by the stamp task */
+  b->stream = j; /* read by the stamp task */
   int rc = magpool_host_stream_launch(s, stamp_task, b);
   if (rc != 0) {
     violation("magpool_host_stream_launch: %s", magpool_strerror(rc));
@@ -480,12 +575,13 @@ static void async_free(slot *sl, blk *b) {
 static void op_alloc(slot *sl) {
   size_t req = rand_size(sl);
   uint64_t r = rnd(sl);
-  bool async = g_async_ok && sl->stream >= 0 && (r & 1);
+  int j = pick_stream(sl, r >> 5);
+  bool async = j >= 0 && (r & 1);
   /* 1 in 16 async allocations pass the NULL stream: "no stream" on a
    * HOST pool, the same as magpool_alloc. */
   magpool_stream_t s = NULL;
   if (async && ((r >> 1) & 15) != 0)
-    s = g_streams[sl->stream];
+    s = g_streams[j];
   void *p = async ? magpool_alloc_async(g_pool, req, s) : magpool_alloc(g_pool, req);
   sl->c.ops++;
   if (p == NULL) {
@@ -517,10 +613,7 @@ static void op_alloc(slot *sl) {
                b->usable <= g_win_bytes - (a - g_win_lo);
   if (!b->tracked)
     violation("block %p (usable %zu) lies outside the pool's address range", p, b->usable);
-  if (b->usable < req || !is_pow2(b->usable) || (a & (b->usable - 1)) != 0) {
-    violation("block %p for %zu bytes: usable size %zu, not a power of two >= the "
-              "request that the block is aligned to",
-              p, req, b->usable);
+  if (!shape_ok(p, req, b->usable)) {
     if (b->usable < req)
       b->usable = req; /* keep the checks below in bounds */
     b->tracked = false;
@@ -528,7 +621,7 @@ static void op_alloc(slot *sl) {
 
   if (s != NULL) {
     /* Only work queued on s may touch it now. */
-    b->stream = sl->stream;
+    b->stream = j;
     int rc = magpool_host_stream_launch(s, mark_task, b);
     if (rc != 0) {
       violation("magpool_host_stream_launch: %s", magpool_strerror(rc));
@@ -545,8 +638,10 @@ static void op_alloc(slot *sl) {
 
 /* Frees a host-owned block taken from the exchange. */
 static void free_taken(slot *sl, blk *t) {
-  if (g_async_ok && sl->stream >= 0 && (rnd(sl) & 3) == 0)
-    async_free(sl, t);
+  uint64_t r = rnd(sl);
+  int j = pick_stream(sl, r >> 2);
+  if (j >= 0 && (r & 3) == 0)
+    async_free(sl, t, j);
   else
     sync_free(sl, t);
 }
@@ -557,14 +652,15 @@ static void op_free(slot *sl) {
   if (b->stream >= 0) {
     /* Stream-owned: mostly freed on its stream; else sync, then any path. */
     if ((r & 15) < 13) {
-      async_free(sl, b);
+      async_free(sl, b, b->stream);
       return;
     }
-    stream_sync(sl); /* makes b (and its siblings) host-owned */
+    stream_sync(sl, b->stream); /* makes b (and its siblings) host-owned */
     b->stream = -1;
     r >>= 4;
   }
   unsigned k = (unsigned)(r & 7);
+  int j = pick_stream(sl, r >> 40);
   if (k < 2) {
     /* Cross-thread free: swap b into a random slot, free what was there.
      * ACQ_REL: releases our cookie writes to the thread that takes b, and
@@ -573,11 +669,70 @@ static void op_free(slot *sl) {
     sl->c.exchanges++;
     if (t != NULL)
       free_taken(sl, t);
-  } else if (k < 4 && g_async_ok && sl->stream >= 0) {
-    async_free(sl, b);
+  } else if (k < 4 && j >= 0) {
+    async_free(sl, b, j);
   } else {
     sync_free(sl, b);
   }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Stream churn (--churn)                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Tries to take a free box, starting at a random one. */
+static void box_take(slot *sl) {
+  unsigned k = g_opt.streams;
+  unsigned i0 = (unsigned)(rnd(sl) % k);
+  for (unsigned n = 0; n < k; n++) {
+    unsigned i = (i0 + n) % k;
+    int expect = 0;
+    /* ACQUIRE: pairs with the RELEASE of the last holder's box_give, so
+     * its calls on the stream (and a re-created handle) come before ours. */
+    if (load_relaxed(&g_box_busy[i]) == 0 &&
+        atomic_compare_exchange_strong_explicit(&g_box_busy[i], &expect, 1,
+                                                memory_order_acquire, memory_order_relaxed)) {
+      sl->held = (int)(k + i);
+      sl->hold_left = 1 + rnd(sl) % (2 * CHURN_HOLD);
+      sl->c.handoffs++;
+      return;
+    }
+  }
+}
+
+/* Gives the held box back.  First a sync, so that no block of the window
+ * is owned by the box's stream any more (the next holder may destroy it);
+ * then, the box being ours alone, a quarter of the time nothing, a quarter
+ * magpool_stream_release (the stream stays in use), and half the time
+ * release, destroy and create a stream in its place, which often gets the
+ * old handle: the pool must tell the two apart by id. */
+static void box_give(slot *sl) {
+  int j = sl->held;
+  stream_sync(sl, j);
+  unsigned what = (unsigned)(rnd(sl) & 3);
+  if (what >= 1) {
+    int rc = magpool_stream_release(g_pool, g_streams[j]);
+    sl->c.releases++;
+    if (rc != 0)
+      violation("magpool_stream_release (churn): %s", magpool_strerror(rc));
+  }
+  if (what >= 2) {
+    magpool_stream_t old = g_streams[j];
+    int rc = magpool_host_stream_destroy(old);
+    if (rc != 0)
+      violation("magpool_host_stream_destroy (churn): %s", magpool_strerror(rc));
+    rc = magpool_host_stream_create(&g_streams[j]);
+    if (rc != 0) {
+      fprintf(stderr, "magpool-stress: magpool_host_stream_create: %s\n", magpool_strerror(rc));
+      exit(2);
+    }
+    sl->c.recreated++;
+    if (g_streams[j] == old)
+      sl->c.same_handle++;
+  }
+  /* RELEASE: pairs with the next holder's ACQUIRE in box_take. */
+  store_release(&g_box_busy[j - (int)g_opt.streams], 0);
+  sl->held = -1;
 }
 
 static void *worker_main(void *arg) {
@@ -586,14 +741,354 @@ static void *worker_main(void *arg) {
   while (!load_relaxed(&g_stop)) {
     if (g_opt.exit_every != 0 && n >= g_opt.exit_every)
       break;
+    if (g_opt.churn && g_async_ok) {
+      if (sl->held >= 0 && --sl->hold_left == 0)
+        box_give(sl);
+      else if (sl->held < 0 && (n & 15) == 0)
+        box_take(sl);
+    }
     if (sl->nlive == 0 || (sl->nlive < sl->wcap && (rnd(sl) & 1)))
       op_alloc(sl);
     else
       op_free(sl);
     n++;
   }
+  if (sl->held >= 0)
+    box_give(sl);
   /* RELEASE: pairs with main's ACQUIRE poll; the join orders the rest. */
   store_release(&sl->done, 1);
+  return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Destroy rounds (--destroy-rounds N)                                      */
+/* ------------------------------------------------------------------------ */
+
+#define ROUND_POOL_MB 16
+#define ROUND_MAX_SIZE_LOG 16 /* blocks up to 64 KiB: all go through caches */
+#define ROUND_PER_STREAM 3    /* blocks each round thread frees on each stream */
+#define ROUND_CACHED 8        /* ... leaves in its thread cache */
+#define ROUND_KEPT 2          /* ... leaves allocated (destroy takes them) */
+
+/* One round.  Its threads write their slots, then count themselves in
+ * ndone (RELEASE); the round's main reads the slots after seeing ndone ==
+ * T (ACQUIRE), then sets go (RELEASE), which the threads wait for
+ * (ACQUIRE) before they exit. */
+typedef struct round {
+  magpool_t *pool;
+  magpool_stream_t *streams;
+  unsigned nstreams;
+  _Atomic unsigned ndone;
+  _Atomic int go;
+  _Atomic uint64_t stamped; /* stamp tasks run (relaxed) */
+} round;
+
+typedef struct rworker {
+  slot sl;
+  round *rd;
+  pthread_t th;
+  uint64_t stamps; /* stamp tasks launched */
+  uint64_t kept;   /* blocks left allocated */
+  double t_ret;    /* when it returned from rworker_main */
+} rworker;
+
+/* The round whose streams run stamp tasks now: set before its threads
+ * start, and its streams are destroyed (all tasks run) before the next. */
+static round *g_round;
+
+/* A random short delay: none, a few yields, or a sleep of 20-200 us, so
+ * that the round threads' exits fall before, during and after destroy. */
+static void jitter(uint64_t r) {
+  switch (r & 3) {
+  case 1:
+    for (uint64_t n = 1 + ((r >> 2) & 3); n > 0; n--)
+      sched_yield();
+    break;
+  case 2: {
+    struct timespec ts = {0, (long)(20000 + (r >> 2) % 180000)};
+    nanosleep(&ts, NULL);
+    break;
+  }
+  default:
+    break;
+  }
+}
+
+static void round_stamp_task(void *arg) {
+  stamp_task(arg);
+  fetch_add_relaxed(&g_round->stamped, 1);
+}
+
+/* A block of the round's pool, with its cookies: written here, or by a
+ * mark task on s (stream index k) for an allocation on s. */
+static blk *r_alloc(slot *sl, magpool_t *pool, magpool_stream_t s, int k) {
+  size_t req = rand_size_upto(sl, ROUND_MAX_SIZE_LOG);
+  void *p = s != NULL ? magpool_alloc_async(pool, req, s) : magpool_alloc(pool, req);
+  sl->c.ops++;
+  if (p == NULL) {
+    int e = magpool_last_error();
+    if (e == MAGPOOL_ENOMEM)
+      sl->c.enomem++;
+    else
+      violation("%s(%zu) on a round's pool returned NULL: %s (%d)",
+                s != NULL ? "magpool_alloc_async" : "magpool_alloc", req,
+                magpool_strerror(e), e);
+    return NULL;
+  }
+  sl->c.allocs++;
+  if (s != NULL)
+    sl->c.async_allocs++;
+  blk *b = malloc(sizeof *b);
+  if (b == NULL) {
+    fprintf(stderr, "stress: out of host memory\n");
+    abort();
+  }
+  b->p = p;
+  b->req = req;
+  b->usable = magpool_usable_size(pool, p);
+  b->serial = ((uint64_t)sl->idx << 40) | ++sl->nserial;
+  b->stream = -1;
+  b->tracked = false; /* the ownership bitmap covers the main pool only */
+  if (!shape_ok(p, req, b->usable) && b->usable < req)
+    b->usable = req;
+  if (s != NULL) {
+    b->stream = k;
+    int rc = magpool_host_stream_launch(s, mark_task, b);
+    if (rc != 0) {
+      violation("magpool_host_stream_launch: %s", magpool_strerror(rc));
+      magpool_host_stream_sync(s);
+      mark_task(b);
+    }
+  } else {
+    write_cookies(b);
+  }
+  return b;
+}
+
+static void r_free(slot *sl, magpool_t *pool, blk *b) {
+  verify_cookies(b, "free (round)");
+  bool sized = rnd(sl) & 1;
+  int rc = sized ? magpool_free_sized(pool, b->p, b->req) : magpool_free(pool, b->p);
+  sl->c.ops++;
+  if (rc != 0)
+    violation("%s(%p, %zu) on a round's pool: %s", sized ? "magpool_free_sized" : "magpool_free",
+              b->p, b->req, magpool_strerror(rc));
+  else
+    sl->c.frees++;
+  free(b);
+}
+
+/* A stamp task, then free_async on s (stream index k); b is host-owned
+ * or owned by s. */
+static void r_free_async(rworker *w, blk *b, magpool_stream_t s, int k) {
+  slot *sl = &w->sl;
+  void *p = b->p;
+  b->stream = k;
+  int rc = magpool_host_stream_launch(s, round_stamp_task, b);
+  if (rc != 0) {
+    violation("magpool_host_stream_launch: %s", magpool_strerror(rc));
+    magpool_host_stream_sync(s);
+    r_free(sl, w->rd->pool, b);
+    return;
+  }
+  w->stamps++;
+  rc = magpool_free_async(w->rd->pool, p, s);
+  sl->c.ops++;
+  if (rc == 0) {
+    sl->c.frees++;
+    sl->c.async_frees++;
+    return;
+  }
+  violation("magpool_free_async(%p) on a round's pool: %s", p, magpool_strerror(rc));
+  magpool_host_stream_sync(s);
+  rc = magpool_free(w->rd->pool, p);
+  sl->c.ops++;
+  if (rc != 0)
+    violation("magpool_free(%p) after a failed free_async: %s", p, magpool_strerror(rc));
+  else
+    sl->c.frees++;
+}
+
+/* A round thread: on each stream, blocks freed in stream order (so its
+ * thread record owns a slot of that stream with blocks in it), some
+ * allocated on the stream first; then blocks left in its thread cache,
+ * and a few left allocated.  Then it reports done, waits for go, and
+ * exits while the round's main destroys the pool. */
+static void *rworker_main(void *arg) {
+  rworker *w = arg;
+  slot *sl = &w->sl;
+  round *rd = w->rd;
+  unsigned k0 = (unsigned)(rnd(sl) % rd->nstreams);
+  for (unsigned i = 0; i < rd->nstreams; i++) {
+    int k = (int)((k0 + i) % rd->nstreams);
+    magpool_stream_t s = rd->streams[k];
+    for (unsigned j = 0; j < ROUND_PER_STREAM; j++) {
+      blk *b = r_alloc(sl, rd->pool, (rnd(sl) & 1) ? s : NULL, k);
+      if (b != NULL)
+        r_free_async(w, b, s, k);
+    }
+  }
+  blk *c[ROUND_CACHED];
+  for (unsigned i = 0; i < ROUND_CACHED; i++)
+    c[i] = r_alloc(sl, rd->pool, NULL, -1);
+  for (unsigned i = 0; i < ROUND_CACHED; i++)
+    if (c[i] != NULL)
+      r_free(sl, rd->pool, c[i]);
+  for (unsigned i = 0; i < ROUND_KEPT; i++) {
+    blk *b = r_alloc(sl, rd->pool, NULL, -1);
+    if (b != NULL) {
+      verify_cookies(b, "kept block (round)");
+      w->kept++;
+      free(b); /* the block itself stays allocated */
+    }
+  }
+  uint64_t r = rnd(sl);
+  atomic_fetch_add_explicit(&rd->ndone, 1, memory_order_release);
+  while (!load_acquire(&rd->go))
+    sched_yield();
+  jitter(r);
+  w->t_ret = now_s();
+  return NULL; /* the thread exits: its records for the pool are flushed */
+}
+
+static void one_round(slot *ms, unsigned r, round_totals *rt) {
+  round rd;
+  memset(&rd, 0, sizeof rd);
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.pool_size = (size_t)ROUND_POOL_MB << 20;
+  if (r % 4 == 3)
+    cfg.stream_cache_bytes = 64u << 10; /* small stream caches: retire often */
+  int rc = magpool_create(&cfg, &rd.pool);
+  if (rc != 0) {
+    fprintf(stderr, "magpool-stress: magpool_create (round): %s\n", magpool_strerror(rc));
+    exit(2);
+  }
+  rd.nstreams = g_opt.streams > 0 ? g_opt.streams : 2;
+  rd.streams = calloc(rd.nstreams, sizeof *rd.streams);
+  rworker *w = calloc(g_opt.threads, sizeof *w);
+  if (rd.streams == NULL || w == NULL)
+    exit(2);
+  for (unsigned k = 0; k < rd.nstreams; k++) {
+    rc = magpool_host_stream_create(&rd.streams[k]);
+    if (rc != 0) {
+      fprintf(stderr, "magpool-stress: magpool_host_stream_create: %s\n", magpool_strerror(rc));
+      exit(2);
+    }
+  }
+  g_round = &rd;
+
+  /* The round's main uses the pool too: its record is LIVE at destroy
+   * (orphaned, freed at its next lookup). */
+  uint64_t allocs = ms->c.allocs, frees = ms->c.frees;
+  blk *mine = r_alloc(ms, rd.pool, NULL, -1);
+  if (mine != NULL)
+    r_free(ms, rd.pool, mine);
+  allocs = ms->c.allocs - allocs;
+  frees = ms->c.frees - frees;
+
+  for (unsigned i = 0; i < g_opt.threads; i++) {
+    w[i].rd = &rd;
+    w[i].sl.idx = g_opt.threads + 1 + i;
+    w[i].sl.rng = (g_opt.seed + 977 * (r + 1) + i) * 0x9e3779b97f4a7c15ull ^ 0x13198a2e03707344ull;
+    w[i].sl.stream = -1;
+    w[i].sl.held = -1;
+    rc = pthread_create(&w[i].th, NULL, rworker_main, &w[i]);
+    if (rc != 0) {
+      fprintf(stderr, "magpool-stress: pthread_create: %s\n", strerror(rc));
+      exit(2);
+    }
+  }
+  rt->threads += g_opt.threads;
+  while (load_acquire(&rd.ndone) < g_opt.threads)
+    sched_yield();
+
+  /* No call on the pool is running now.  Each stream is synchronised
+   * (the round threads' slots keep their blocks, which their exits
+   * retire) or released (the slots are emptied, their blocks retired
+   * behind the stream's work, which destroy waits for). */
+  for (unsigned k = 0; k < rd.nstreams; k++) {
+    if (rnd(ms) & 1) {
+      rc = magpool_stream_release(rd.pool, rd.streams[k]);
+      rt->released++;
+      if (rc != 0)
+        violation("magpool_stream_release (round): %s", magpool_strerror(rc));
+    } else {
+      rc = magpool_host_stream_sync(rd.streams[k]);
+      rt->synced++;
+      if (rc != 0)
+        violation("magpool_host_stream_sync: %s", magpool_strerror(rc));
+    }
+  }
+
+  uint64_t kept = 0, stamps = 0;
+  for (unsigned i = 0; i < g_opt.threads; i++) {
+    allocs += w[i].sl.c.allocs;
+    frees += w[i].sl.c.frees;
+    kept += w[i].kept;
+    stamps += w[i].stamps;
+  }
+  magpool_stats_t st;
+  rc = magpool_get_stats(rd.pool, &st);
+  if (rc != 0)
+    violation("magpool_get_stats (round): %s", magpool_strerror(rc));
+  else if (st.alloc_count != allocs || st.free_count != frees || st.live_count != kept)
+    violation("round %u: the pool counted %" PRIu64 " allocations, %" PRIu64 " frees, %" PRIu64
+              " live; the harness made %" PRIu64 ", %" PRIu64 ", and left %" PRIu64 " live",
+              r, st.alloc_count, st.free_count, st.live_count, allocs, frees, kept);
+
+  /* The threads exit now, while the pool is destroyed. */
+  store_release(&rd.go, 1);
+  jitter(rnd(ms));
+  double t0 = now_s();
+  rc = magpool_destroy(rd.pool);
+  double t1 = now_s();
+  if (rc != 0)
+    violation("magpool_destroy (round): %s", magpool_strerror(rc));
+  /* Every stream was synchronised or released: destroy has waited for
+   * the batches behind every stamp task. */
+  uint64_t ran = load_relaxed(&rd.stamped);
+  if (ran != stamps)
+    violation("round %u: magpool_destroy returned with %" PRIu64 " of %" PRIu64
+              " blocks freed on its streams not yet passed by them",
+              r, stamps - ran, stamps);
+
+  for (unsigned i = 0; i < g_opt.threads; i++) {
+    rc = pthread_join(w[i].th, NULL);
+    if (rc != 0)
+      violation("joining a round thread: %s", strerror(rc));
+    if (w[i].t_ret < t0)
+      rt->ret_before++;
+    else if (w[i].t_ret <= t1)
+      rt->ret_during++;
+    else
+      rt->ret_after++;
+    add_counters(&rt->c, &w[i].sl.c);
+  }
+  for (unsigned k = 0; k < rd.nstreams; k++) {
+    rc = magpool_host_stream_destroy(rd.streams[k]);
+    if (rc != 0)
+      violation("magpool_host_stream_destroy (round): %s", magpool_strerror(rc));
+  }
+  g_round = NULL;
+  free(rd.streams);
+  free(w);
+  rt->rounds++;
+}
+
+static round_totals g_rt; /* the rounds thread's; main reads it after the join */
+
+static void *rounds_main(void *arg) {
+  (void)arg;
+  slot rs; /* the rounds thread's own PRNG and counters */
+  memset(&rs, 0, sizeof rs);
+  rs.idx = 2 * g_opt.threads + 1;
+  rs.rng = g_opt.seed * 0x2545f4914f6cdd1dull + 0x5eedull;
+  rs.stream = -1;
+  rs.held = -1;
+  for (unsigned r = 0; r < g_opt.destroy_rounds; r++)
+    one_round(&rs, r, &g_rt);
+  add_counters(&g_rt.c, &rs.c);
   return NULL;
 }
 
@@ -604,8 +1099,13 @@ static void *worker_main(void *arg) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]\n"
-          "                      [--pool-mb M] [--exit-every N]\n"
-          "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n",
+          "                      [--pool-mb M] [--exit-every N] [--churn]\n"
+          "                      [--destroy-rounds R]\n"
+          "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n"
+          "--churn (needs K > 0): K more streams, handed from worker to worker,\n"
+          "released, destroyed and created anew while the workers run\n"
+          "--destroy-rounds R (default 0): R times, a fresh pool destroyed while\n"
+          "the threads that used it exit, next to the workers\n",
           DEFAULT_THREADS, DEFAULT_SECONDS, DEFAULT_SEED, DEFAULT_POOL_MB,
           DEFAULT_EXIT_EVERY);
 }
@@ -637,6 +1137,9 @@ static void parse_args(int argc, char **argv) {
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       usage(stdout);
       exit(0);
+    } else if (strcmp(a, "--churn") == 0) {
+      g_opt.churn = true;
+      continue; /* a flag: no value */
     } else if (strcmp(a, "--threads") == 0) {
       ok = parse_u64(v, 1, 1024, &x);
       g_opt.threads = (unsigned)x;
@@ -652,6 +1155,9 @@ static void parse_args(int argc, char **argv) {
     } else if (strcmp(a, "--pool-mb") == 0) {
       ok = parse_u64(v, 4, (uint64_t)1 << 20, &x);
       g_opt.pool_mb = (size_t)x;
+    } else if (strcmp(a, "--destroy-rounds") == 0) {
+      ok = parse_u64(v, 0, 1000000, &x);
+      g_opt.destroy_rounds = (unsigned)x;
     } else if (strcmp(a, "--exit-every") == 0) {
       ok = parse_u64(v, 0, UINT64_MAX, &x);
       g_opt.exit_every = x;
@@ -666,6 +1172,11 @@ static void parse_args(int argc, char **argv) {
       exit(2);
     }
     i++;
+  }
+  if (g_opt.churn && g_opt.streams == 0) {
+    fprintf(stderr, "magpool-stress: --churn needs --streams K (K > 0)\n");
+    usage(stderr);
+    exit(2);
   }
 }
 
@@ -702,6 +1213,10 @@ static void add_counters(counters *to, const counters *c) {
   to->async_frees += c->async_frees;
   to->exchanges += c->exchanges;
   to->syncs += c->syncs;
+  to->handoffs += c->handoffs;
+  to->releases += c->releases;
+  to->recreated += c->recreated;
+  to->same_handle += c->same_handle;
 }
 
 /* Probes the async API once; on failure reports it and disables it. */
@@ -778,10 +1293,12 @@ static void setup(slot *ms) {
     ms->c.frees++;
 
   if (g_opt.streams > 0) {
-    g_streams = calloc(g_opt.streams, sizeof *g_streams);
-    if (g_streams == NULL)
+    g_nstreams = g_opt.churn ? 2 * g_opt.streams : g_opt.streams;
+    g_streams = calloc(g_nstreams, sizeof *g_streams);
+    g_box_busy = calloc(g_opt.streams, sizeof *g_box_busy);
+    if (g_streams == NULL || g_box_busy == NULL)
       exit(2);
-    for (unsigned i = 0; i < g_opt.streams; i++) {
+    for (unsigned i = 0; i < g_nstreams; i++) {
       rc = magpool_host_stream_create(&g_streams[i]);
       if (rc != 0) {
         fprintf(stderr, "magpool-stress: magpool_host_stream_create: %s\n",
@@ -798,6 +1315,14 @@ static void setup(slot *ms) {
 static double run_workers(slot *slots) {
   double t0 = now_s();
   double deadline = t0 + g_opt.seconds;
+  pthread_t rounds;
+  if (g_opt.destroy_rounds > 0) {
+    int rc = pthread_create(&rounds, NULL, rounds_main, NULL);
+    if (rc != 0) {
+      fprintf(stderr, "magpool-stress: pthread_create: %s\n", strerror(rc));
+      exit(2);
+    }
+  }
   for (unsigned i = 0; i < g_opt.threads; i++)
     spawn(&slots[i]);
   while (now_s() < deadline) {
@@ -815,6 +1340,8 @@ static double run_workers(slot *slots) {
   for (unsigned i = 0; i < g_opt.threads; i++)
     if (slots[i].running)
       reap(&slots[i]);
+  if (g_opt.destroy_rounds > 0)
+    pthread_join(rounds, NULL); /* all its rounds, however long they take */
   return now_s() - t0;
 }
 
@@ -823,7 +1350,7 @@ static double run_workers(slot *slots) {
 static void teardown_blocks_and_streams(slot *ms, slot *slots) {
   int rc;
   /* Every stream's tasks done: every block is host-owned. */
-  for (unsigned i = 0; i < g_opt.streams; i++) {
+  for (unsigned i = 0; i < g_nstreams; i++) {
     rc = magpool_host_stream_sync(g_streams[i]);
     if (rc != 0)
       violation("magpool_host_stream_sync: %s", magpool_strerror(rc));
@@ -845,7 +1372,7 @@ static void teardown_blocks_and_streams(slot *ms, slot *slots) {
    * the sync lets that run.  Then the streams are destroyed, so that no
    * thread other than this one that ever used the pool is alive (trim
    * cannot touch the caches of live threads). */
-  for (unsigned i = 0; i < g_opt.streams; i++) {
+  for (unsigned i = 0; i < g_nstreams; i++) {
     rc = magpool_stream_release(g_pool, g_streams[i]);
     if (rc != 0)
       violation("magpool_stream_release: %s", magpool_strerror(rc));
@@ -853,7 +1380,7 @@ static void teardown_blocks_and_streams(slot *ms, slot *slots) {
     if (rc != 0)
       violation("magpool_host_stream_sync: %s", magpool_strerror(rc));
   }
-  for (unsigned i = 0; i < g_opt.streams; i++) {
+  for (unsigned i = 0; i < g_nstreams; i++) {
     rc = magpool_host_stream_destroy(g_streams[i]);
     if (rc != 0)
       violation("magpool_host_stream_destroy: %s", magpool_strerror(rc));
@@ -956,6 +1483,7 @@ int main(int argc, char **argv) {
   ms.idx = g_opt.threads;
   ms.rng = g_opt.seed * 0x2545f4914f6cdd1dull + 0xabcdefull;
   ms.stream = -1;
+  ms.held = -1;
   setup(&ms);
 
   /* Window: live bytes average about a quarter of the pool.  A block of
@@ -982,11 +1510,13 @@ int main(int argc, char **argv) {
     if (sl->win == NULL)
       return 2;
     sl->stream = g_opt.streams > 0 ? (int)(i % g_opt.streams) : -1;
+    sl->held = -1;
   }
 
   printf("stress: pool %zu MiB, %u threads, %u s, seed %" PRIu64
-         ", %u streams%s, window %zu blocks/thread, exit every %" PRIu64 " ops%s\n",
+         ", %u streams%s%s, window %zu blocks/thread, exit every %" PRIu64 " ops%s\n",
          g_opt.pool_mb, g_opt.threads, g_opt.seconds, g_opt.seed, g_opt.streams,
+         g_opt.churn ? " + as many churned" : "",
          g_opt.streams ? (g_async_ok ? " (async on)" : " (async off)") : "", wcap,
          g_opt.exit_every, STRESS_TSAN ? " [tsan]" : "");
 
@@ -997,6 +1527,7 @@ int main(int argc, char **argv) {
   teardown_blocks_and_streams(&ms, slots);
 
   counters tot = ms.c;
+  tot.ops += g_rt.c.ops; /* the rounds' pools are gone: only their calls count */
   unsigned generations = 0;
   for (unsigned i = 0; i < g_opt.threads; i++) {
     add_counters(&tot, &slots[i].c);
@@ -1018,9 +1549,21 @@ int main(int argc, char **argv) {
          " stream syncs, %u worker threads, %.2f Mops/s, %" PRIu64 " violations\n",
          tot.allocs, tot.async_allocs, tot.enomem, tot.frees, tot.async_frees, tot.exchanges,
          tot.syncs, generations, elapsed > 0 ? (double)tot.ops / elapsed / 1e6 : 0.0, viol);
+  if (g_opt.destroy_rounds > 0)
+    printf("stress: destroy rounds: %u rounds, %u threads (returned before destroy %u, "
+           "during %u, after %u), %u streams released and %u synchronised before destroy; %" PRIu64
+           " allocs (%" PRIu64 " async, %" PRIu64 " ENOMEM), %" PRIu64 " frees (%" PRIu64
+           " async)\n",
+           g_rt.rounds, g_rt.threads, g_rt.ret_before, g_rt.ret_during, g_rt.ret_after, g_rt.released, g_rt.synced,
+           g_rt.c.allocs, g_rt.c.async_allocs, g_rt.c.enomem, g_rt.c.frees, g_rt.c.async_frees);
+  if (g_opt.churn)
+    printf("stress: churn: %" PRIu64 " stream hand-offs, %" PRIu64 " releases, %" PRIu64
+           " streams destroyed and created anew (%" PRIu64 " on the old handle)\n",
+           tot.handoffs, tot.releases, tot.recreated, tot.same_handle);
   printf("stress: %" PRIu64 " ops, %u threads, %u s, %" PRIu64 " overlaps, %" PRIu64 " lost\n",
          tot.ops, g_opt.threads, g_opt.seconds, overlaps, lost);
   free(g_streams);
+  free(g_box_busy);
   free(g_own);
   return (viol != 0 || overlaps != 0 || lost != 0) ? 1 : 0;
 }
