@@ -107,6 +107,12 @@ void mp_hook_set(mp_hook_fn fn);
     if (MP_UNLIKELY(hook_fn_ != NULL)) hook_fn_((point), (arg));               \
   } while (0)
 
+/* ThreadSanitizer annotations (hook.c): an edge TSan cannot see, because
+ * the library that makes it is not instrumented (liburcu's publication in
+ * its hash table, its call_rcu hand-off).  No-ops but under TSan. */
+void mp_tsan_release(void *addr);
+void mp_tsan_acquire(void *addr);
+
 /* --------------------------------------------------------------- errors.c */
 
 /* Sets the calling thread's last error; returns NULL for tail calls from

@@ -114,7 +114,9 @@ typedef struct slot_node {
 
 static void slot_free_rcu(struct rcu_head *h) {
   mp_streams_rcu_callback();
-  free(caa_container_of(h, slot_node, rcu));
+  slot_node *sn = caa_container_of(h, slot_node, rcu);
+  mp_tsan_acquire(sn); /* call_rcu's hand-off, which TSan cannot see */
+  free(sn);
 }
 
 /* The owner's slot in e, made on first use (then counted as a use of e).
@@ -168,7 +170,9 @@ static void sweep_closed_owner(magpool_t *pool, mp_tcache *tc) {
     mp_store_release(pl, mp_load_relaxed(&sl->next));
     mp_entry_unlock(e);
     mp_entry_unuse(e);
-    urcu_bp_call_rcu(&caa_container_of(sl, slot_node, sl)->rcu, slot_free_rcu);
+    slot_node *sn = caa_container_of(sl, slot_node, sl);
+    mp_tsan_release(sn);
+    urcu_bp_call_rcu(&sn->rcu, slot_free_rcu);
     any = true;
   }
   if (any) mp_streams_reap(pool);

@@ -50,27 +50,36 @@ typedef struct ent_node {
 
 static inline ent_node *node_of(mp_sentry *e) { return (ent_node *)(void *)e; }
 
-/* ThreadSanitizer does not see liburcu's grace periods: a read-side
- * section's end RELEASEs this token and every RCU callback ACQUIREs it,
- * which is the order the grace period gives (TSan builds only). */
-void __tsan_acquire(void *addr) __attribute__((weak));
-void __tsan_release(void *addr) __attribute__((weak));
+/* ThreadSanitizer does not see liburcu's orderings (TSan builds only;
+ * mp_tsan_*):
+ *   - grace periods: a read-side section's end RELEASEs a token and every
+ *     RCU callback ACQUIREs it;
+ *   - call_rcu's hand-off: the caller RELEASEs the object before
+ *     call_rcu, the callback ACQUIREs it;
+ *   - publication in the table: the creator RELEASEs the entry before
+ *     cds_lfht_add_unique, and whoever meets a node in the table ACQUIREs
+ *     it before reading it. */
 static char rcu_token;
 
 void mp_streams_read_lock(void) { urcu_bp_read_lock(); }
 
 void mp_streams_read_unlock(void) {
-  if (MP_TSAN) __tsan_release(&rcu_token);
+  mp_tsan_release(&rcu_token);
   urcu_bp_read_unlock();
 }
 
-void mp_streams_rcu_callback(void) {
-  if (MP_TSAN) __tsan_acquire(&rcu_token);
-}
+void mp_streams_rcu_callback(void) { mp_tsan_acquire(&rcu_token); }
 
 static void ent_free_rcu(struct rcu_head *h) {
   mp_streams_rcu_callback();
-  free(caa_container_of(h, ent_node, rcu));
+  ent_node *en = caa_container_of(h, ent_node, rcu);
+  mp_tsan_acquire(en);
+  free(en);
+}
+
+static void ent_call_rcu(ent_node *en) {
+  mp_tsan_release(en);
+  urcu_bp_call_rcu(&en->rcu, ent_free_rcu);
 }
 
 int mp_stream_table_init(magpool_t *pool) {
@@ -114,7 +123,9 @@ static inline unsigned long hash_key(uint64_t x) {
 }
 
 static int match_key(struct cds_lfht_node *n, const void *key) {
-  return caa_container_of(n, ent_node, node)->e.key == *(const uint64_t *)key;
+  ent_node *en = caa_container_of(n, ent_node, node);
+  mp_tsan_acquire(en);
+  return en->e.key == *(const uint64_t *)key;
 }
 
 mp_sentry *mp_entry_find_rcu(magpool_t *pool, uint64_t key, magpool_stream_t h, bool create) {
@@ -129,6 +140,7 @@ mp_sentry *mp_entry_find_rcu(magpool_t *pool, uint64_t key, magpool_stream_t h, 
   en->e.handle = h;
   mp_atomic_init(&en->e.sid, key);
   cds_lfht_node_init(&en->node);
+  mp_tsan_release(en);
   /* Publication: liburcu's add orders the entry's initialisation before
    * any lookup that finds it (rcu_assign_pointer, RELEASE). */
   n = cds_lfht_add_unique(ht, hash_key(key), match_key, &key, &en->node);
@@ -166,7 +178,7 @@ void mp_streams_reap(magpool_t *pool) {
       mp_store_seq_cst(&e->reaped, 1);
       if (mp_load_seq_cst(&e->users) == 0) {
         *link = e->dead_next;
-        urcu_bp_call_rcu(&node_of(e)->rcu, ent_free_rcu);
+        ent_call_rcu(node_of(e));
         continue;
       }
       mp_store_seq_cst(&e->reaped, 0); /* a waiter came: it keeps it */
@@ -207,7 +219,11 @@ void mp_streams_each_rcu(magpool_t *pool, void (*fn)(magpool_t *, mp_sentry *, v
                          void *arg) {
   struct cds_lfht_iter it;
   struct cds_lfht_node *n;
-  cds_lfht_for_each(pool->streams->ht, &it, n) fn(pool, &caa_container_of(n, ent_node, node)->e, arg);
+  cds_lfht_for_each(pool->streams->ht, &it, n) {
+    ent_node *en = caa_container_of(n, ent_node, node);
+    mp_tsan_acquire(en);
+    fn(pool, &en->e, arg);
+  }
 }
 
 static void stats_one(magpool_t *pool, mp_sentry *e, void *arg) {

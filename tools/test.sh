@@ -33,7 +33,8 @@
 #                 destroy), CUDA off, everything
 #   debug-ctest   every test in build-debug/
 #   tsan-build    build-tsan/, MAGPOOL_SANITIZE=thread, target magpool-stress
-#   tsan-stress   magpool-stress --threads 4 --seconds 20 --seed 1 under TSan
+#   tsan-stress   magpool-stress --threads 4 --seconds 20 --seed 1 --streams 4
+#                 --churn --destroy-rounds 20 under TSan
 #   asan-build    build-asan/, ASan + UBSan, CUDA off, everything
 #   asan-ctest    every test (Criterion, stress, bench smoke) under
 #                 ASan + UBSan
@@ -230,7 +231,7 @@ if [[ $quick -eq 0 ]]; then
   step debug-build "build everything with MAGPOOL_DEBUG=2 (CUDA off)" debug_build
   step debug-ctest "run every test with MAGPOOL_DEBUG=2" run_ctest "$b-debug"
   stress_limit=300
-  stress_steps tsan --threads 4 --seconds 20 --seed 1
+  stress_steps tsan --threads 4 --seconds 20 --seed 1 --streams 4 --churn --destroy-rounds 20
   step asan-build "build everything with ASan + UBSan (CUDA off)" asan_build
   step asan-ctest "run every test under ASan + UBSan" run_ctest "$b-asan"
 fi
