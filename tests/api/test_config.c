@@ -203,3 +203,20 @@ Test(config, edge_configs) {
   mpt_pool_done(pool);
   MPT_ASSERT_NO_LEAKS();
 }
+
+/* The cap is compared with the pool size asked for, not the size rounded
+ * down to min_block (found by fuzzing): 1000 rounds to 960, a cap of 970
+ * is still below what was asked. */
+Test(config, max_below_asked_pool_size) {
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.pool_size = 1000;
+  cfg.max_pool_size = 970;
+  cfg.allow_growth = 1;
+  magpool_t *pool = NULL;
+  cr_assert_eq(magpool_create(&cfg, &pool), MAGPOOL_EINVAL);
+  cr_assert_null(pool);
+  cfg.max_pool_size = 1000;
+  cr_assert_eq(magpool_create(&cfg, &pool), 0);
+  cr_assert_eq(magpool_destroy(pool), 0);
+}

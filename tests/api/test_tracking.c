@@ -157,3 +157,56 @@ Test(tracking, tags_are_per_thread) {
   mpt_pool_done(pool);
   MPT_ASSERT_NO_LEAKS();
 }
+
+static void count_one(void *ptr, size_t size, const char *tag, void *arg) {
+  (void)ptr;
+  (void)size;
+  (void)tag;
+  (*(long *)arg)++;
+}
+
+/* Frees made while tracking was off do not leave stale entries behind for
+ * the next tracking period (found by fuzzing against a model). */
+Test(tracking, off_then_on_starts_clean) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB});
+  cr_assert_eq(magpool_tracking_enable(pool, 1), 0);
+  void *a = magpool_alloc(pool, 300);
+  cr_assert_not_null(a);
+  cr_assert_eq(magpool_tracking_enable(pool, 0), 0);
+  cr_assert_eq(magpool_free(pool, a), 0); /* untracked free of a tracked block */
+  cr_assert_eq(magpool_tracking_enable(pool, 1), 0);
+  long n = 0;
+  cr_assert_eq(magpool_leak_check(pool, count_one, &n), 0, "a freed block is reported live");
+  cr_assert_eq(n, 0);
+  void *b = magpool_alloc(pool, 300); /* may reuse a's address */
+  cr_assert_not_null(b);
+  n = 0;
+  cr_assert_eq(magpool_leak_check(pool, count_one, &n), 1, "one live block, reported %ld times", n);
+  cr_assert_eq(magpool_free(pool, b), 0);
+  cr_assert_eq(magpool_leak_check(pool, NULL, NULL), 0);
+  mpt_pool_done(pool);
+}
+
+/* A zero-size async allocation is tracked like any other, also once the
+ * thread's memo for the stream is warm (found by fuzzing). */
+Test(tracking, zero_size_async_is_tracked) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB});
+  magpool_stream_t s;
+  cr_assert_eq(magpool_host_stream_create(&s), 0);
+  cr_assert_eq(magpool_tracking_enable(pool, 1), 0);
+  void *p[4];
+  for (int i = 0; i < 4; i++) {
+    p[i] = magpool_alloc_async(pool, 0, s);
+    cr_assert_not_null(p[i]);
+    cr_assert_eq(magpool_leak_check(pool, NULL, NULL), 1, "allocation %d of size 0 on a stream "
+                 "escaped tracking", i);
+    cr_assert_eq(magpool_free_async(pool, p[i], s), 0);
+  }
+  cr_assert_eq(magpool_stream_release(pool, s), 0);
+  cr_assert_eq(magpool_host_stream_sync(s), 0);
+  cr_assert_eq(magpool_host_stream_destroy(s), 0);
+  cr_assert_eq(magpool_leak_check(pool, NULL, NULL), 0);
+  cr_assert_eq(magpool_tracking_enable(pool, 0), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  mpt_pool_done(pool);
+}
