@@ -28,6 +28,22 @@ MP_INLINE int memo_get(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_ss
   return mp_slot_lookup(pool, tc, s, out);
 }
 
+/* The stream is checked before anything changes: fetching the thread
+ * record may return its caches after a trim, and a call that fails must
+ * leave the pool as it was.  A stream the thread's memo names (record of
+ * this pool, slot open) is known good; any other is asked about (capture,
+ * id). */
+static int stream_precheck(magpool_t *pool, magpool_stream_t s) {
+  mp_tcache *tc = mp_tls_last;
+  if (tc != NULL && tc->pool == pool && tc->uid == pool->uid && tc->s_slot != NULL &&
+      tc->s_handle == s && !mp_revoke_closed(&tc->s_slot->rv))
+    return 0;
+  int cap = mp_capture_rc(pool, s);
+  if (cap != 0) return cap;
+  uint64_t sid;
+  return pool->sops->get_id(pool->src_ctx, s, &sid);
+}
+
 /* ------------------------------------------------------------------ alloc */
 
 static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_stream_t s) {
@@ -35,15 +51,16 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   mp_sslot *sl = NULL;
   unsigned order;
   mp_tcache *tc;
+  if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
   if (mp_no_stream(pool, s)) {
-    if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
     if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
     return mp_alloc_order(pool, tc, order, size, 0);
   }
-  if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
-  int rc = memo_get(pool, tc, s, &sl);
+  int rc = stream_precheck(pool, s);
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
-  if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
+  if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
+  rc = memo_get(pool, tc, s, &sl);
+  if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
   if (order < pool->s_nclasses && sl != NULL) {
     void *p = mp_slot_pop_owner(pool, sl, order);
     if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
@@ -129,13 +146,16 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
     mp_free_validated(pool, mp_tcache_get(pool), ptr, h, order, req);
     return 0;
   }
+  /* Pointer and stream are checked before anything changes (see
+   * stream_precheck). */
+  int rc = mp_block_validate(pool, ptr, 0, false, false, &h, &order, &req);
+  if (MP_UNLIKELY(rc != 0)) return rc;
+  if (MP_UNLIKELY((rc = stream_precheck(pool, s)) != 0)) return rc;
   mp_tcache *tc = mp_tcache_get(pool);
   if (MP_UNLIKELY(tc == NULL)) return MAGPOOL_ENOMEM;
   mp_sslot *sl;
-  int rc = memo_get(pool, tc, s, &sl);
+  rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return rc;
-  int vr = mp_block_validate(pool, ptr, 0, false, false, &h, &order, &req);
-  if (MP_UNLIKELY(vr != 0)) return vr;
   return free_async_slow(pool, tc, sl, s, ptr, h, order, req);
 }
 

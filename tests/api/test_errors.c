@@ -4,8 +4,10 @@
 #include <magpool.h>
 
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "test_util.h"
 
@@ -215,5 +217,48 @@ Test(badinput, null_arguments) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 1 * MiB});
   cr_assert_eq(magpool_get_stats(pool, NULL), MAGPOOL_EINVAL);
   cr_assert_eq(magpool_usable_size(pool, NULL), 0);
+  mpt_pool_done(pool);
+}
+
+static void *trim_elsewhere(void *pool) {
+  cr_assert_eq(magpool_trim(pool), 0);
+  return NULL;
+}
+
+/* A failing async call changes nothing, also when a trim on another thread
+ * has moved the pool's epoch under the caller, whose next call would
+ * return its caches (found by fuzzing against a model: the async calls
+ * fetched the thread record, and so flushed, before they validated). */
+Test(badinput, async_einval_after_a_trim_elsewhere_changes_nothing) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB});
+  magpool_stream_t s;
+  cr_assert_eq(magpool_host_stream_create(&s), 0);
+  void *keep = magpool_alloc_async(pool, 64, s); /* the thread knows s */
+  cr_assert_not_null(keep);
+  void *p[8];
+  for (int i = 0; i < 8; i++) cr_assert_not_null(p[i] = magpool_alloc(pool, 1024));
+  for (int i = 0; i < 8; i++) cr_assert_eq(magpool_free(pool, p[i]), 0);
+  char foreign[64];
+  magpool_stream_t not_a_stream = (magpool_stream_t)(void *)foreign;
+  memset(foreign, 0, sizeof foreign);
+  for (int call = 0; call < 3; call++) {
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, trim_elsewhere, pool), 0);
+    pthread_join(th, NULL);
+    magpool_stats_t before = mpt_stats(pool);
+    cr_assert_gt(before.cached_bytes, 0, "nothing cached: the test tests nothing");
+    int rc = call == 0   ? magpool_free_async(pool, foreign, s)
+             : call == 1 ? magpool_free_async(pool, keep, not_a_stream)
+                         : (magpool_alloc_async(pool, 64, not_a_stream) == NULL
+                                ? magpool_last_error()
+                                : 0);
+    cr_assert_eq(rc, MAGPOOL_EINVAL, "call %d: %d", call, rc);
+    mpt_assert_same_stats(before, mpt_stats(pool), "a failed async call after a trim");
+  }
+  cr_assert_eq(magpool_free_async(pool, keep, s), 0);
+  cr_assert_eq(magpool_stream_release(pool, s), 0);
+  cr_assert_eq(magpool_host_stream_sync(s), 0);
+  cr_assert_eq(magpool_host_stream_destroy(s), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
   mpt_pool_done(pool);
 }
