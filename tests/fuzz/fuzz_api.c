@@ -40,6 +40,7 @@
  */
 #include <magpool.h>
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -57,6 +58,7 @@
 #define MAX_POOL (64 * MiB) /* largest pool, growth included */
 #define NSTREAMS 2
 #define NSCOPES 2
+#define MAX_SPANS 1024 /* blocks freed on streams, not yet settled */
 
 /* ------------------------------------------------------------------ */
 /* failure reports                                                    */
@@ -133,6 +135,19 @@ static size_t next_pow2(size_t x) { /* x <= 2^62 */
 /* the model                                                          */
 /* ------------------------------------------------------------------ */
 
+/* A block freed on a stream that may not be back in the tree yet: in the
+ * thread's cache for the stream, retired behind it, or ready.  `fenced`:
+ * freed while the stream was held behind a gate, so the stream has not
+ * passed the free - no allocation but the same block again on the same
+ * stream may overlap it until the gate opens. */
+typedef struct span {
+  char *p;
+  size_t n;
+  int s;
+  bool fenced;
+  bool retired; /* a trim or release since: behind the stream for sure */
+} span;
+
 typedef struct blk {
   char *p;
   size_t req, usable;
@@ -158,6 +173,10 @@ static struct model {
   magpool_scope_t *scope[NSCOPES];
   bool stream_used[NSTREAMS]; /* the pool has seen this stream since its release */
   bool unsynced;              /* a release may have left callbacks in flight */
+  span spans[MAX_SPANS];
+  size_t nspans;
+  bool spans_lost;            /* spans overflowed: assume the worst */
+  size_t peak;                /* peak_used_bytes last seen */
 } M;
 
 /* Host streams: made on first use, kept across pools and inputs (released
@@ -213,15 +232,23 @@ static int cmp_iv(const void *a, const void *b) {
 /* Does an aligned block of B bytes fit in region 0 next to the live
  * blocks?  Region 0 is [base, base + S) with base aligned past S, and its
  * tree places a block of B bytes at any B-aligned offset inside it. */
-static bool fits_region0(size_t B) {
+static bool fits_region0(size_t B, bool spans_too) {
   if (B == 0 || B > M.S) return false;
-  static uintptr_t iv[MAX_LIVE][2];
+  static uintptr_t iv[MAX_LIVE + MAX_SPANS][2];
   size_t n = 0;
   for (size_t i = 0; i < M.nlive; i++) {
     uintptr_t off = (uintptr_t)M.live[i].p - M.base;
     if (off < M.S) {
       iv[n][0] = off;
       iv[n][1] = off + M.live[i].usable;
+      n++;
+    }
+  }
+  for (size_t i = 0; spans_too && i < M.nspans; i++) {
+    uintptr_t off = (uintptr_t)M.spans[i].p - M.base;
+    if (off < M.S) {
+      iv[n][0] = off;
+      iv[n][1] = off + M.spans[i].n;
       n++;
     }
   }
@@ -275,13 +302,100 @@ static magpool_stream_t stream_get(int i) {
   return streams[i];
 }
 
-/* Waits for every host stream: afterwards no callback is in flight and
- * the stats are exact. */
+/* Gates: a task that holds a host stream until the harness opens it, so
+ * that "s has not passed the free" is known, not guessed.  While a gate
+ * is closed, nothing may wait for its stream: not the harness (quiesce
+ * skips it) and not the out-of-memory ladder, whose third rung waits for
+ * every pending batch - so allocations that might need that rung are not
+ * made (gated_alloc_ok). */
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool open;   /* what the tasks see */
+  bool closed; /* the model: a gate task may be holding the stream */
+} gate;
+
+static gate gates[NSTREAMS] = {
+  {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, true, false},
+  {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, true, false},
+};
+
+static void gate_task(void *arg) {
+  gate *g = arg;
+  pthread_mutex_lock(&g->mu);
+  while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static bool any_gate_closed(void) {
+  for (int i = 0; i < NSTREAMS; i++)
+    if (gates[i].closed) return true;
+  return false;
+}
+
+static void gate_close(int i) {
+  gate *g = &gates[i];
+  pthread_mutex_lock(&g->mu);
+  g->open = false;
+  pthread_mutex_unlock(&g->mu);
+  int rc = magpool_host_stream_launch(stream_get(i), gate_task, g);
+  CHECK(rc == 0, "magpool_host_stream_launch = %d", rc);
+  g->closed = true;
+}
+
+static void gate_open(int i) {
+  gate *g = &gates[i];
+  if (!g->closed) return;
+  pthread_mutex_lock(&g->mu);
+  g->open = true;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+  g->closed = false;
+  /* From now on the stream may pass its frees at any moment. */
+  for (size_t k = 0; k < M.nspans; k++)
+    if (M.spans[k].s == i) M.spans[k].fenced = false;
+}
+
+static void gates_open(void) {
+  for (int i = 0; i < NSTREAMS; i++) gate_open(i);
+}
+
+/* A block freed on stream i. */
+static void span_add(char *p, size_t n, int i) {
+  if (M.nspans == MAX_SPANS) {
+    M.spans_lost = true;
+    return;
+  }
+  span *sp = &M.spans[M.nspans++];
+  sp->p = p;
+  sp->n = n;
+  sp->s = i;
+  sp->fenced = gates[i].closed;
+  sp->retired = false;
+}
+
+/* A trim or release: blocks freed on the stream (every stream: -1) are
+ * retired behind it now. */
+static void spans_retire(int i) {
+  for (size_t k = 0; k < M.nspans; k++)
+    if (i < 0 || M.spans[k].s == i) M.spans[k].retired = true;
+}
+
+/* Stream i was synchronised: its retired blocks are ready (a later call
+ * drains them) or in the tree. */
+static void spans_settle(int i) {
+  for (size_t k = M.nspans; k-- > 0;)
+    if (M.spans[k].s == i && M.spans[k].retired) M.spans[k] = M.spans[--M.nspans];
+}
+
+/* Waits for every host stream not held by a gate: afterwards no callback
+ * is in flight (gated streams run nothing) and the stats are exact. */
 static void quiesce(void) {
   for (int i = 0; i < NSTREAMS; i++)
-    if (streams[i] != NULL) {
+    if (streams[i] != NULL && !gates[i].closed) {
       int rc = magpool_host_stream_sync(streams[i]);
       CHECK(rc == 0, "magpool_host_stream_sync = %d", rc);
+      spans_settle(i);
     }
   M.unsynced = false;
 }
@@ -292,6 +406,7 @@ static void release_stream(int i) {
   CHECK(rc == 0, "magpool_stream_release(stream %d) = %d", i, rc);
   if (M.stream_used[i]) M.unsynced = true;
   M.stream_used[i] = false;
+  spans_retire(i);
 }
 
 /* ------------------------------------------------------------------ */
@@ -348,8 +463,9 @@ static void check_counters(const magpool_stats_t *st) {
 static void check_quiescent_stats(const magpool_stats_t *st) {
   CHECK(st->used_bytes == model_used(), "used_bytes %zu, model %zu", st->used_bytes,
         model_used());
-  CHECK(st->pending_bytes == 0, "pending_bytes %zu with every stream synchronised",
-        st->pending_bytes);
+  if (!any_gate_closed())
+    CHECK(st->pending_bytes == 0, "pending_bytes %zu with every stream synchronised",
+          st->pending_bytes);
   CHECK(st->used_bytes + st->cached_bytes + st->pending_bytes + st->free_bytes ==
             st->reserved_bytes,
         "used %zu + cached %zu + pending %zu + free %zu != reserved %zu", st->used_bytes,
@@ -404,7 +520,11 @@ static void check_leaks(void) {
 static void check_light(void) {
   magpool_stats_t st = stats_now();
   check_counters(&st);
+  CHECK(st.peak_used_bytes >= M.peak, "peak_used_bytes fell from %zu to %zu", M.peak,
+        st.peak_used_bytes);
+  M.peak = st.peak_used_bytes;
   if (streams_quiet()) check_quiescent_stats(&st);
+  if (M.tracking) check_leaks();
 }
 
 /* Synchronise the streams, then everything, magpool_check included. */
@@ -527,6 +647,7 @@ static void pool_create(rd *r) {
 }
 
 static void pool_teardown(bool check) {
+  gates_open();
   for (int i = 0; i < NSCOPES; i++) {
     if (M.scope[i] == NULL) continue;
     int rc = magpool_scope_end(M.scope[i]);
@@ -597,9 +718,13 @@ static void *do_alloc(size_t size, int via) {
     size_t cap = M.max != 0 ? M.max : MAX_POOL;
     room = cap > before.reserved_bytes ? (cap - before.reserved_bytes) & ~(M.mb - 1) : 0;
   }
-  bool must_fit = B != 0 && (fits_region0(B) || (M.growth && room >= B));
-  bool must_fail = B == 0 || (!M.growth && !fits_region0(B)) ||
+  bool must_fit = B != 0 && (fits_region0(B, false) || (M.growth && room >= B));
+  bool must_fail = B == 0 || (!M.growth && !fits_region0(B, false)) ||
                    (M.growth && M.max != 0 && B > M.max);
+  /* A gate holds a stream: only requests that are served without waiting
+   * for pending frees (the ladder's third rung would wait for the gated
+   * stream forever).  B == 0 fails before any rung. */
+  if (any_gate_closed() && B != 0 && (M.spans_lost || !fits_region0(B, true))) return NULL;
   int err0 = magpool_last_error();
 
   void *p;
@@ -646,6 +771,19 @@ static void *do_alloc(size_t size, int via) {
           (void *)M.base, M.S);
   size_t us = magpool_usable_size(M.pool, p);
   CHECK(us == B, "usable_size(%p) = %zu after alloc(%zu), want %zu", p, us, size, B);
+  /* Stream order: a block freed on a gated stream comes back only as
+   * itself, on that stream. */
+  int on = via == VIA_ASYNC_S0 || via == VIA_ASYNC_S1 ? via - VIA_ASYNC_S0 : -1;
+  for (size_t k = M.nspans; k-- > 0;) {
+    span *sp = &M.spans[k];
+    uintptr_t lo = (uintptr_t)sp->p;
+    if (x + B <= lo || lo + sp->n <= x) continue;
+    CHECK(!sp->fenced || (on == sp->s && x == lo && B == sp->n),
+          "alloc(%zu) via %d = [%p, +%zu) overlaps [%p, +%zu), freed on stream %d which has "
+          "not passed the free (held by a gate)",
+          size, via, p, B, (void *)sp->p, sp->n, sp->s);
+    *sp = M.spans[--M.nspans];
+  }
   model_add(p, size, B, scope);
   return p;
 }
@@ -678,12 +816,19 @@ static int free_via(void *p, size_t size, int via) {
   }
 }
 
+/* The model's side of a successful free through free_via. */
+static void freed_via(size_t i, int via) {
+  if (via == FREE_ASYNC_S0 || via == FREE_ASYNC_S1)
+    span_add(M.live[i].p, M.live[i].usable, via - FREE_ASYNC_S0);
+  model_remove(i);
+}
+
 static void op_free(rd *r, int via) {
   long i = pick_live(r, false);
   if (i < 0) return;
   int rc = free_via(M.live[i].p, M.live[i].req, via);
   CHECK(rc == 0, "free (via %d) of live %p = %d", via, (void *)M.live[i].p, rc);
-  model_remove((size_t)i);
+  freed_via((size_t)i, via);
 }
 
 /* A pointer that is not a live allocation: foreign, interior, dead, or
@@ -717,11 +862,7 @@ static void *bad_pointer(rd *r) {
 
 /* Invalid frees through every entry point: MAGPOOL_EINVAL, nothing
  * changes, and usable_size says 0. */
-static void op_bad_free(rd *r) {
-  void *p = bad_pointer(r);
-  uint8_t how = u8(r);
-  size_t sz = u16(r);
-  if (p == NULL) return;
+static void bad_free_at(void *p, uint8_t how, size_t sz) {
   CHECK(magpool_usable_size(M.pool, p) == 0, "usable_size(%p) = %zu, not a live block", p,
         magpool_usable_size(M.pool, p));
   einval_probe pr;
@@ -736,6 +877,21 @@ static void op_bad_free(rd *r) {
   }
   rc = free_via(p, sz, how % 5);
   probe_end(&pr, rc, "free(bad pointer)");
+}
+
+static void op_bad_free(rd *r) {
+  void *p = bad_pointer(r);
+  uint8_t how = u8(r);
+  size_t sz = u16(r);
+  if (p == NULL) return;
+  if (p != foreign_buf) {
+    bad_free_at(p, how, sz);
+    return;
+  }
+  void *heap = malloc(4 * M.mb); /* a malloc'd buffer instead */
+  CHECK(heap != NULL, "malloc");
+  bad_free_at(heap, how, sz);
+  free(heap);
 }
 
 /* free_sized with a size other than the one asked for. */
@@ -819,10 +975,18 @@ static void op_sync(rd *r) {
   uint8_t s = u8(r) % (NSTREAMS + 1);
   if (s == NSTREAMS) {
     check_full();
-  } else if (streams[s] != NULL) {
+  } else if (streams[s] != NULL && !gates[s].closed) {
     int rc = magpool_host_stream_sync(streams[s]);
     CHECK(rc == 0, "magpool_host_stream_sync = %d", rc);
+    spans_settle(s);
   }
+}
+
+/* Close the stream's gate, or open it. */
+static void op_gate(rd *r) {
+  uint8_t s = u8(r) % NSTREAMS;
+  if (gates[s].closed) gate_open(s);
+  else gate_close(s);
 }
 
 static void op_release(rd *r) {
@@ -838,6 +1002,7 @@ static void op_stream_recycle(rd *r) {
   uint8_t s = u8(r) % NSTREAMS;
   if (streams[s] == NULL) return;
   release_stream(s);
+  gate_open(s); /* destroy runs everything queued */
   int rc = magpool_host_stream_destroy(streams[s]);
   CHECK(rc == 0, "magpool_host_stream_destroy = %d", rc);
   streams[s] = NULL;
@@ -847,6 +1012,7 @@ static void op_trim(rd *r) {
   (void)r;
   int rc = magpool_trim(M.pool);
   CHECK(rc == 0, "magpool_trim = %d", rc);
+  spans_retire(-1);
   if (streams_quiet()) {
     /* Nothing on streams: trim left nothing cached. */
     magpool_stats_t st = stats_now();
@@ -890,6 +1056,7 @@ static void op_usable(rd *r) {
  * size when that is one power of two and it never grew). */
 static void op_free_all_trim(rd *r) {
   uint8_t how = u8(r);
+  gates_open();
   for (int i = 0; i < NSCOPES; i++) {
     if (M.scope[i] == NULL) continue;
     int rc = magpool_scope_end(M.scope[i]);
@@ -902,7 +1069,7 @@ static void op_free_all_trim(rd *r) {
     size_t i = M.nlive - 1;
     int rc = free_via(M.live[i].p, M.live[i].req, (how >> 1) % 5);
     CHECK(rc == 0, "free of live %p = %d", (void *)M.live[i].p, rc);
-    model_remove(i);
+    freed_via(i, (how >> 1) % 5);
   }
   if (how & 1) { /* release the streams first */
     for (int i = 0; i < NSTREAMS; i++) release_stream(i);
@@ -911,10 +1078,12 @@ static void op_free_all_trim(rd *r) {
     quiesce();
     int rc = magpool_trim(M.pool);
     CHECK(rc == 0, "magpool_trim = %d", rc);
+    spans_retire(-1);
     quiesce();
   }
   int rc = magpool_trim(M.pool);
   CHECK(rc == 0, "magpool_trim = %d", rc);
+  spans_retire(-1);
   magpool_stats_t st = stats_now();
   check_counters(&st);
   check_quiescent_stats(&st);
@@ -1104,6 +1273,7 @@ W(scope_end)
 W(sync)
 W(release)
 W(stream_recycle)
+W(gate)
 W(trim)
 W(tracking)
 W(tag)
@@ -1145,9 +1315,10 @@ static const op ops[] = {
   {"leak_check", w_leak_check, 0},
   {"create", w_plain, 0}, /* handled in the loop: a new pool */
   {"nop", w_plain, 0},
+  {"gate", w_gate, 0},
 };
 #define NOPS (sizeof ops / sizeof ops[0])
-#define OP_CREATE (NOPS - 2)
+#define OP_CREATE (NOPS - 3)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -17,7 +17,7 @@ OPS = [
     "free_async_null", "free_async_s0", "free_async_s1", "bad_free",
     "free_wrong_size", "free_scoped", "scope_free", "scope_begin", "scope_end",
     "sync", "release", "stream_recycle", "trim", "tracking", "tag", "usable",
-    "free_all_trim", "null_args", "leak_check", "create", "nop",
+    "free_all_trim", "null_args", "leak_check", "create", "nop", "gate",
 ]
 OP = {name: i for i, name in enumerate(OPS)}
 
@@ -137,6 +137,23 @@ def seed_growth():
     return s
 
 
+def seed_gates():
+    s = config(mb_shift=2, shape=0, c=9, scache=2, tcache=4)  # 32 KiB pool
+    for i in range(8):
+        s += op("alloc_async_s0", small(60))
+    s += op("alloc", small(100)) + op("gate", u8(0))
+    for i in range(4):
+        s += op("free_async_s0", u16(0))
+    s += op("alloc", small(60)) + op("alloc_async_s1", small(60))
+    s += op("alloc_async_s0", small(60)) + op("alloc_async_s0", small(60))
+    s += op("free_async_s0", u16(1)) + op("trim") + op("alloc", small(60))
+    s += op("sync", u8(2)) + op("release", u8(0)) + op("alloc", pow2(12))
+    s += op("gate", u8(0)) + op("alloc", small(60)) + op("sync", u8(0))
+    s += op("gate", u8(1)) + op("free_async_s1", u16(0)) + op("alloc", small(60))
+    s += op("free_all_trim", u8(0))
+    return s
+
+
 def seed_args():
     s = config(mb_shift=4, shape=1, c=77, extra=9)  # pool size not a multiple
     for k in range(16):
@@ -157,7 +174,7 @@ def main():
     seeds = {
         "sync": seed_sync(), "streams": seed_streams(),
         "scopes_tracking": seed_scopes_tracking(), "growth": seed_growth(),
-        "args": seed_args(),
+        "args": seed_args(), "gates": seed_gates(),
     }
     for name, data in seeds.items():
         with open(os.path.join(out, "seed_" + name), "wb") as f:
