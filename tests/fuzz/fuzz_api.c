@@ -421,13 +421,19 @@ static magpool_stats_t stats_now(void) {
   return st;
 }
 
-static bool stats_equal(const magpool_stats_t *a, const magpool_stats_t *b) {
+/* The fields that say what is allocated. */
+static bool stats_equal_live(const magpool_stats_t *a, const magpool_stats_t *b) {
   return a->used_bytes == b->used_bytes && a->requested_bytes == b->requested_bytes &&
-         a->reserved_bytes == b->reserved_bytes && a->peak_used_bytes == b->peak_used_bytes &&
+         a->reserved_bytes == b->reserved_bytes && a->alloc_count == b->alloc_count &&
+         a->free_count == b->free_count && a->live_count == b->live_count &&
+         a->grow_count == b->grow_count;
+}
+
+/* All of them: where the free memory is, too. */
+static bool stats_equal(const magpool_stats_t *a, const magpool_stats_t *b) {
+  return stats_equal_live(a, b) && a->peak_used_bytes == b->peak_used_bytes &&
          a->cached_bytes == b->cached_bytes && a->pending_bytes == b->pending_bytes &&
-         a->free_bytes == b->free_bytes && a->largest_free_block == b->largest_free_block &&
-         a->alloc_count == b->alloc_count && a->free_count == b->free_count &&
-         a->live_count == b->live_count && a->grow_count == b->grow_count;
+         a->free_bytes == b->free_bytes && a->largest_free_block == b->largest_free_block;
 }
 
 static void print_stats(const char *what, const magpool_stats_t *s) {
@@ -549,16 +555,26 @@ static void probe_begin(einval_probe *pr) {
   pr->before = stats_now();
 }
 
+/* KNOWN DEFECT (kept on purpose; found by this harness): after the trim
+ * epoch moved under the calling thread (magpool_tracking_enable, or a trim
+ * on another thread), magpool_free_async and magpool_alloc_async on a
+ * stream first return the thread's cache to the pool and only then find
+ * the pointer or the stream invalid: they fail with MAGPOOL_EINVAL, but
+ * cached_bytes and free_bytes have changed.  The synchronous frees
+ * validate first.  MAGPOOL_FUZZ_LAX_EINVAL=1 compares only the fields of
+ * what is allocated, to fuzz past it. */
 static void probe_end(einval_probe *pr, int rc, const char *call) {
+  static int lax = -1;
+  if (lax < 0) lax = getenv("MAGPOOL_FUZZ_LAX_EINVAL") != NULL;
   CHECK(rc == MAGPOOL_EINVAL, "%s = %d, want MAGPOOL_EINVAL", call, rc);
   quiesce();
   magpool_stats_t after = stats_now();
-  if (!stats_equal(&pr->before, &after)) {
+  bool same = lax ? stats_equal_live(&pr->before, &after) : stats_equal(&pr->before, &after);
+  if (!same) {
     print_stats("before", &pr->before);
     print_stats("after ", &after);
   }
-  CHECK(stats_equal(&pr->before, &after), "%s failed with MAGPOOL_EINVAL but changed the stats",
-        call);
+  CHECK(same, "%s failed with MAGPOOL_EINVAL but changed the stats", call);
 }
 
 /* ------------------------------------------------------------------ */
