@@ -154,6 +154,25 @@ def seed_gates():
     return s
 
 
+def seed_oom_streams():
+    """Every block freed on a stream, then the whole pool at once: the
+    out-of-memory ladder must wait for the stream (live, released, and
+    destroyed and made again)."""
+    s = config(mb_shift=2, shape=0, c=10)          # 64 KiB pool
+    for stream, then in ((0, None), (1, op("release", u8(1))),
+                         (0, op("stream_recycle", u8(0)))):
+        for _ in range(4):
+            s += op("alloc_async_s%d" % stream, pow2(14))
+        for _ in range(4):
+            s += op("free_async_s%d" % stream, u16(0))
+        if then:
+            s += then
+        s += op("alloc", pow2(16)) + op("free", u16(0))
+    s += op("alloc_async_s0", pow2(16)) + op("free_async_s0", u16(0))
+    s += op("trim") + op("alloc", pow2(16))
+    return s
+
+
 def seed_args():
     s = config(mb_shift=4, shape=1, c=77, extra=9)  # pool size not a multiple
     for k in range(16):
@@ -175,6 +194,7 @@ def main():
         "sync": seed_sync(), "streams": seed_streams(),
         "scopes_tracking": seed_scopes_tracking(), "growth": seed_growth(),
         "args": seed_args(), "gates": seed_gates(),
+        "oom_streams": seed_oom_streams(),
     }
     for name, data in seeds.items():
         with open(os.path.join(out, "seed_" + name), "wb") as f:
