@@ -175,9 +175,22 @@ fuzz_step() {
   mkdir -p "$dir/corpus"
   # -timeout: one input that hangs (a deadlock) fails the step too; the
   # outer timeout is a last resort should libFuzzer itself not return.
-  run timeout $((seconds + 300)) "$dir/tests/fuzz/magpool-fuzz" \
-    -max_total_time="$seconds" -seed=1 -max_len=2048 -timeout=60 \
-    -print_final_stats=1 -artifact_prefix="$dir/" "$dir/corpus" tests/fuzz/corpus
+  # libFuzzer's line per new input goes to fuzz.log; shown here: the
+  # summary, or the log's end on a failure.
+  local cmd=(timeout $((seconds + 300)) "$dir/tests/fuzz/magpool-fuzz"
+    -max_total_time="$seconds" -seed=1 -max_len=2048 -timeout=60
+    -print_final_stats=1 -artifact_prefix="$dir/" "$dir/corpus" tests/fuzz/corpus)
+  local rc=0
+  echo "+ ${cmd[*]} >$dir/fuzz.log 2>&1"
+  "${cmd[@]}" >"$dir/fuzz.log" 2>&1 || rc=$?
+  grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::|^Done' "$dir/fuzz.log" || true
+  if [[ $rc -ne 0 ]]; then
+    grep -E -A12 'model violation|ERROR: [A-Za-z]+Sanitizer|ERROR: libFuzzer|runtime error' \
+      "$dir/fuzz.log" | head -n 60 || true
+    tail -n 12 "$dir/fuzz.log"
+    echo "fuzz: exit $rc; the input is in $dir/ (crash-*, timeout-*, oom-*)" >&2
+    return "$rc"
+  fi
 }
 
 # ---------------------------------------------------------------- stress --
