@@ -358,7 +358,10 @@ static void gate_open(int i) {
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
   g->closed = false;
-  /* From now on the stream may pass its frees at any moment. */
+  /* Callbacks queued behind the gate run from now on: the stats are not
+   * exact before the next quiesce, and the stream may pass its frees at
+   * any moment. */
+  M.unsynced = true;
   for (size_t k = 0; k < M.nspans; k++)
     if (M.spans[k].s == i) M.spans[k].fenced = false;
 }
