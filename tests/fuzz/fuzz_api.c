@@ -340,12 +340,19 @@ static bool any_gate_closed(void) {
   return false;
 }
 
+static void spans_settle(int i);
+
+/* The stream is synchronised first: nothing runs ahead of the gate task,
+ * so the stream is frozen from here on (quiesce may skip it). */
 static void gate_close(int i) {
   gate *g = &gates[i];
+  int rc = magpool_host_stream_sync(stream_get(i));
+  CHECK(rc == 0, "magpool_host_stream_sync = %d", rc);
+  spans_settle(i);
   pthread_mutex_lock(&g->mu);
   g->open = false;
   pthread_mutex_unlock(&g->mu);
-  int rc = magpool_host_stream_launch(stream_get(i), gate_task, g);
+  rc = magpool_host_stream_launch(stream_get(i), gate_task, g);
   CHECK(rc == 0, "magpool_host_stream_launch = %d", rc);
   g->closed = true;
 }
