@@ -17,7 +17,10 @@
 # that a script which hands over to another (.ci/run to tools/test.sh)
 # ends with one closing line covering every step.
 
-magpool_packages=(build-essential cmake pkg-config libcriterion-dev liburcu-dev)
+# clang and libclang-rt-dev (the default clang's compiler-rt, which holds
+# libFuzzer): tools/test.sh's fuzz step.
+magpool_packages=(build-essential cmake pkg-config libcriterion-dev liburcu-dev
+                  clang libclang-rt-dev)
 
 passed=${MAGPOOL_STEPS_PASSED:-0}
 failed=${MAGPOOL_STEPS_FAILED:-0}

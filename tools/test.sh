@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tools/test.sh - install what is missing, build magpool, and run every test.
 #
-#   tools/test.sh           all steps (about 5 minutes on 2 cores)
-#   tools/test.sh --quick   skip the debug and sanitizer builds
+#   tools/test.sh           all steps (about 7 minutes on 2 cores)
+#   tools/test.sh --quick   skip the debug, sanitizer and fuzz builds
 #   tools/test.sh stress [plain|tsan|asan|all] [magpool-stress args...]
 #                           build magpool-stress in BUILD_DIR, BUILD_DIR-tsan
 #                           or BUILD_DIR-asan (all: the three in turn, the
@@ -14,7 +14,7 @@
 # ones after it, and the last line is "N passed, N failed":
 #   deps          apt-get install what is missing (as root, or with sudo):
 #                 build-essential cmake pkg-config libcriterion-dev
-#                 liburcu-dev
+#                 liburcu-dev clang libclang-rt-dev
 #   configure     cmake in build/ (RelWithDebInfo, tests on, install prefix
 #                 a temporary directory)
 #   build         everything: library, Criterion tests, stress, bench
@@ -38,13 +38,19 @@
 #   asan-build    build-asan/, ASan + UBSan, CUDA off, everything
 #   asan-ctest    every test (Criterion, stress, bench smoke) under
 #                 ASan + UBSan
+#   fuzz          BUILD_DIR-fuzz/, clang, MAGPOOL_BUILD_FUZZ=ON: the
+#                 libFuzzer harness (tests/fuzz) runs its seeds, then
+#                 fuzzes for FUZZ_SECONDS (default 60) with -seed=1; any
+#                 crash or model violation fails the step (the input is
+#                 left in BUILD_DIR-fuzz/crash-*)
 # `stress` mode runs deps, then FLAVOUR-build and FLAVOUR-stress for each
 # flavour (only the magpool-stress target is built).
 #
 # Environment: JOBS (build parallelism, default: number of CPUs);
 # BUILD_DIR (default build; the other directories are BUILD_DIR-debug,
-# BUILD_DIR-tsan, BUILD_DIR-asan and BUILD_DIR-consumer); SECONDS_PLAIN
-# and SECONDS_SAN (the stress mode's default run lengths).
+# BUILD_DIR-tsan, BUILD_DIR-asan, BUILD_DIR-fuzz and BUILD_DIR-consumer);
+# SECONDS_PLAIN and SECONDS_SAN (the stress mode's default run lengths);
+# FUZZ_SECONDS (the fuzz step's length).
 # MAGPOOL_STEPS_PASSED / MAGPOOL_STEPS_FAILED start the counters (.ci/run
 # passes its own steps in, so that one closing line covers everything).
 set -euo pipefail
@@ -156,6 +162,38 @@ export TSAN_OPTIONS="suppressions=$root/stress/tsan.supp halt_on_error=1"
 export ASAN_OPTIONS=protect_shadow_gap=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
+# ------------------------------------------------------------------ fuzz --
+# The harness needs clang (libFuzzer) and its own instrumented copy of the
+# library; CUDA off.  New corpus entries go to BUILD_DIR-fuzz/corpus, the
+# committed seeds stay as they are.
+fuzz_step() {
+  local dir="$b-fuzz" seconds=${FUZZ_SECONDS:-60}
+  run cmake -S . -B "$dir" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMAGPOOL_BUILD_FUZZ=ON -DMAGPOOL_BUILD_TESTS=OFF -DMAGPOOL_WITH_CUDA=OFF \
+    -DMAGPOOL_SANITIZE= -DMAGPOOL_DEBUG=1
+  run cmake --build "$dir" -j"$jobs" --target magpool-fuzz
+  run_ctest "$dir"
+  mkdir -p "$dir/corpus"
+  # -timeout: one input that hangs (a deadlock) fails the step too; the
+  # outer timeout is a last resort should libFuzzer itself not return.
+  # libFuzzer's line per new input goes to fuzz.log; shown here: the
+  # summary, or the log's end on a failure.
+  local cmd=(timeout $((seconds + 300)) "$dir/tests/fuzz/magpool-fuzz"
+    -max_total_time="$seconds" -seed=1 -max_len=2048 -timeout=60
+    -print_final_stats=1 -artifact_prefix="$dir/" "$dir/corpus" tests/fuzz/corpus)
+  local rc=0
+  echo "+ ${cmd[*]} >$dir/fuzz.log 2>&1"
+  "${cmd[@]}" >"$dir/fuzz.log" 2>&1 || rc=$?
+  grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::|^Done' "$dir/fuzz.log" || true
+  if [[ $rc -ne 0 ]]; then
+    grep -E -A12 'model violation|ERROR: [A-Za-z]+Sanitizer|ERROR: libFuzzer|runtime error' \
+      "$dir/fuzz.log" | head -n 60 || true
+    tail -n 12 "$dir/fuzz.log"
+    echo "fuzz: exit $rc; the input is in $dir/ (crash-*, timeout-*, oom-*)" >&2
+    return "$rc"
+  fi
+}
+
 # ---------------------------------------------------------------- stress --
 # A flavour is a build directory with its configure step:
 #   plain  $b        (the main build)
@@ -234,6 +272,7 @@ if [[ $quick -eq 0 ]]; then
   stress_steps tsan --threads 4 --seconds 20 --seed 1 --streams 4 --churn --destroy-rounds 20
   step asan-build "build everything with ASan + UBSan (CUDA off)" asan_build
   step asan-ctest "run every test under ASan + UBSan" run_ctest "$b-asan"
+  step fuzz "build the libFuzzer harness with clang and fuzz for ${FUZZ_SECONDS:-60} s" fuzz_step
 fi
 
 steps_summary
