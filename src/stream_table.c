@@ -189,8 +189,10 @@ void mp_streams_reap(magpool_t *pool) {
 }
 
 /* Destroy: nothing runs on the pool, so no reader can hold an entry of
- * it; every entry, live or dead, is freed at once.  The barrier waits for
- * the frees deferred earlier (entries and slots of this pool among them). */
+ * it; every entry, live or dead, is freed at once.  Frees deferred earlier
+ * (call_rcu) touch nothing of the pool and finish on their own: waiting
+ * for them here (urcu_bp_barrier) cost every destroy the call_rcu
+ * worker's 10 ms poll. */
 void mp_stream_table_fini(magpool_t *pool) {
   mp_streams *ss = pool->streams;
   if (ss == NULL) return;
@@ -206,7 +208,6 @@ void mp_stream_table_fini(magpool_t *pool) {
     next = e->dead_next;
     free(node_of(e));
   }
-  urcu_bp_barrier();
   (void)cds_lfht_destroy(ss->ht, NULL);
   pthread_mutex_destroy(&ss->dead_lock);
   free(ss);

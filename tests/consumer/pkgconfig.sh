@@ -36,7 +36,10 @@ echo "+ $cc main.c \$(pkg-config --cflags --libs magpool)"
 # shellcheck disable=SC2046
 "$cc" -std=c11 -Wall -Wextra -Werror "$here/main.c" \
   $(pkg-config --cflags --libs magpool) -o "$out/consumer_pc_shared"
-if ! ldd "$out/consumer_pc_shared" | grep -q 'libmagpool\.so'; then
+# ldd's output first: `ldd | grep -q` under pipefail fails when grep's
+# early exit kills ldd with SIGPIPE.
+deps_shared=$(ldd "$out/consumer_pc_shared" || true)
+if ! grep -q 'libmagpool\.so' <<<"$deps_shared"; then
   echo "pkgconfig.sh: the shared build does not link libmagpool.so" >&2
   exit 1
 fi
@@ -50,7 +53,8 @@ flags=$(pkg-config --cflags --libs --static magpool)
 flags=${flags//-lmagpool/-l:libmagpool.a}
 # shellcheck disable=SC2086
 "$cc" -std=c11 -Wall -Wextra -Werror "$here/main.c" $flags -o "$out/consumer_pc_static"
-if ldd "$out/consumer_pc_static" | grep -q 'libmagpool'; then
+deps_static=$(ldd "$out/consumer_pc_static" || true)
+if grep -q 'libmagpool' <<<"$deps_static"; then
   echo "pkgconfig.sh: the static build still needs libmagpool.so" >&2
   exit 1
 fi

@@ -43,7 +43,8 @@
  * corpus/ come from make_corpus.py.
  *
  * Environment: MAGPOOL_FUZZ_TRACE=1 prints each operation;
- * MAGPOOL_FUZZ_LAX_EINVAL=1 relaxes the known-defect check (probe_end).
+ * MAGPOOL_FUZZ_LAX_EINVAL=1 relaxes the EINVAL-changes-nothing check
+ * (probe_end).
  */
 #include <magpool.h>
 
@@ -572,14 +573,13 @@ static void probe_begin(einval_probe *pr) {
   pr->before = stats_now();
 }
 
-/* KNOWN DEFECT (kept on purpose; found by this harness): after the trim
- * epoch moved under the calling thread (magpool_tracking_enable, or a trim
- * on another thread), magpool_free_async and magpool_alloc_async on a
- * stream first return the thread's cache to the pool and only then find
- * the pointer or the stream invalid: they fail with MAGPOOL_EINVAL, but
- * cached_bytes and free_bytes have changed.  The synchronous frees
- * validate first.  MAGPOOL_FUZZ_LAX_EINVAL=1 compares only the fields of
- * what is allocated, to fuzz past it. */
+/* Found by this harness, and fixed (77c82fc): after the trim epoch moved
+ * under the calling thread (magpool_tracking_enable, or a trim on another
+ * thread), magpool_free_async and magpool_alloc_async on a stream returned
+ * the thread's cache to the pool and only then found the pointer or the
+ * stream invalid: MAGPOOL_EINVAL, with cached_bytes and free_bytes
+ * changed.  The check is exact again; MAGPOOL_FUZZ_LAX_EINVAL=1 compares
+ * only the fields of what is allocated. */
 static void probe_end(einval_probe *pr, int rc, const char *call) {
   static int lax = -1;
   if (lax < 0) lax = getenv("MAGPOOL_FUZZ_LAX_EINVAL") != NULL;
