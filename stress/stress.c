@@ -572,6 +572,26 @@ static void async_free(slot *sl, blk *b, int j) {
     sl->c.frees++;
 }
 
+/* The harness's record of a block just allocated on pool: counted, its
+ * fields set, not yet tracked in the ownership bitmap. */
+static blk *blk_record(slot *sl, magpool_t *pool, void *p, size_t req, bool async) {
+  sl->c.allocs++;
+  if (async)
+    sl->c.async_allocs++;
+  blk *b = malloc(sizeof *b);
+  if (b == NULL) {
+    fprintf(stderr, "stress: out of host memory\n");
+    abort();
+  }
+  b->p = p;
+  b->req = req;
+  b->usable = magpool_usable_size(pool, p);
+  b->serial = ((uint64_t)sl->idx << 40) | ++sl->nserial;
+  b->stream = -1;
+  b->tracked = false;
+  return b;
+}
+
 static void op_alloc(slot *sl) {
   size_t req = rand_size(sl);
   uint64_t r = rnd(sl);
@@ -594,20 +614,7 @@ static void op_alloc(slot *sl) {
                 magpool_strerror(e), e);
     return;
   }
-  sl->c.allocs++;
-  if (async)
-    sl->c.async_allocs++;
-
-  blk *b = malloc(sizeof *b);
-  if (b == NULL) {
-    fprintf(stderr, "stress: out of host memory\n");
-    abort();
-  }
-  b->p = p;
-  b->req = req;
-  b->usable = magpool_usable_size(g_pool, p);
-  b->serial = ((uint64_t)sl->idx << 40) | ++sl->nserial;
-  b->stream = -1;
+  blk *b = blk_record(sl, g_pool, p, req, async);
   uintptr_t a = (uintptr_t)p;
   b->tracked = a >= g_win_lo && a - g_win_lo <= g_win_bytes &&
                b->usable <= g_win_bytes - (a - g_win_lo);
@@ -835,20 +842,8 @@ static blk *r_alloc(slot *sl, magpool_t *pool, magpool_stream_t s, int k) {
                 magpool_strerror(e), e);
     return NULL;
   }
-  sl->c.allocs++;
-  if (s != NULL)
-    sl->c.async_allocs++;
-  blk *b = malloc(sizeof *b);
-  if (b == NULL) {
-    fprintf(stderr, "stress: out of host memory\n");
-    abort();
-  }
-  b->p = p;
-  b->req = req;
-  b->usable = magpool_usable_size(pool, p);
-  b->serial = ((uint64_t)sl->idx << 40) | ++sl->nserial;
-  b->stream = -1;
-  b->tracked = false; /* the ownership bitmap covers the main pool only */
+  blk *b = blk_record(sl, pool, p, req, s != NULL);
+  /* b->tracked stays false: the ownership bitmap covers the main pool only */
   if (!shape_ok(p, req, b->usable) && b->usable < req)
     b->usable = req;
   if (s != NULL) {
