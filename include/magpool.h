@@ -142,6 +142,23 @@ typedef struct magpool_config {
                                 begins capturing on s; every async call on
                                 s then fails with MAGPOOL_ECAPTURE until
                                 the capture ends, with no per-call cost  */
+  size_t chunk_size;         /* granule of physical memory on pools whose
+                                source maps memory on demand (HOST, DEVICE
+                                and PINNED): the pool reserves address
+                                space for max_pool_size at creation and
+                                maps chunk_size pieces of it as blocks
+                                first need them.  A power of two from
+                                64 KiB to 1 GiB; default 2 MiB.  DEVICE
+                                pools round it up to the device's
+                                allocation granularity.  cache_max_block
+                                is lowered to it if larger              */
+  size_t release_threshold;  /* bytes of empty mapped chunks a pool keeps
+                                mapped for reuse, like
+                                cudaMemPoolAttrReleaseThreshold; empty
+                                chunks above it are unmapped when a block
+                                is given back.  Default SIZE_MAX (keep
+                                all); magpool_trim unmaps every empty
+                                chunk beyond pool_size                  */
 } magpool_config_t;
 
 /* Statistics of one pool, summed over all threads.  Counters are kept per
@@ -167,6 +184,12 @@ typedef struct magpool_stats {
   uint64_t free_count;       /* successful frees, ever                     */
   uint64_t live_count;       /* live allocations                           */
   uint64_t grow_count;       /* times the pool grew                        */
+  size_t peak_reserved_bytes;/* high-water mark of reserved_bytes since
+                                creation or magpool_reset_peaks          */
+  uint64_t chunk_maps;       /* chunks mapped, ever (creates and moves)   */
+  uint64_t chunk_unmaps;     /* chunks unmapped, ever (moves included)    */
+  uint64_t chunk_moves;      /* empty mapped chunks moved to where a block
+                                needed memory instead of taking more      */
 } magpool_stats_t;
 
 /* ------------------------------------------------------------------------ */
@@ -267,6 +290,11 @@ MAGPOOL_API int magpool_trim(magpool_t *pool);
  * block; no bitmap is scanned.  O(threads that used the pool + tree levels
  * + streams in use with the pool).  MAGPOOL_EINVAL for NULL arguments. */
 MAGPOOL_API int magpool_get_stats(magpool_t *pool, magpool_stats_t *out);
+
+/* Restarts the high-water marks: peak_used_bytes and peak_reserved_bytes
+ * become the current values.  Meant for measuring phases of a program
+ * (the replay tool's passes).  MAGPOOL_EINVAL for NULL. */
+MAGPOOL_API int magpool_reset_peaks(magpool_t *pool);
 
 /* A cheap query for memory-pressure decisions: *free_bytes receives what
  * the pool could still hand out without growing (free in the tree plus

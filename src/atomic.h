@@ -20,6 +20,7 @@
 #define MAGPOOL_ATOMIC_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Initialisation of an object no other thread can see yet. */
@@ -85,6 +86,13 @@
  * Returns the largest of v and the value seen. */
 static inline int64_t mp_max_relaxed(_Atomic int64_t *p, int64_t v) {
   int64_t cur = mp_load_relaxed(p);
+  while (v > cur && !mp_cas_weak_relaxed(p, &cur, v)) {
+  }
+  return v > cur ? v : cur;
+}
+
+static inline size_t mp_max_relaxed_size(_Atomic size_t *p, size_t v) {
+  size_t cur = mp_load_relaxed(p);
   while (v > cur && !mp_cas_weak_relaxed(p, &cur, v)) {
   }
   return v > cur ? v : cur;

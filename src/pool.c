@@ -29,6 +29,7 @@ void mp_pool_set_source_override(const mp_source_ops *ops) {
 #define MP_DEFAULT_THREAD_CACHE ((size_t)8 << 20)
 #define MP_DEFAULT_CACHE_MAX ((size_t)1 << 20)
 #define MP_DEFAULT_STREAM_CACHE ((size_t)8 << 20)
+#define MP_DEFAULT_CHUNK ((size_t)2 << 20)
 
 void magpool_config_init(magpool_config_t *cfg) {
   if (cfg == NULL) return;
@@ -44,6 +45,8 @@ void magpool_config_init(magpool_config_t *cfg) {
   cfg->cache_max_block = MP_DEFAULT_CACHE_MAX;
   cfg->stream_cache_bytes = MP_DEFAULT_STREAM_CACHE;
   cfg->capture_check = 1;
+  cfg->chunk_size = MP_DEFAULT_CHUNK;
+  cfg->release_threshold = SIZE_MAX;
 }
 
 /* The fields every caller must have (the first version's config). */

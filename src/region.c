@@ -47,7 +47,8 @@ int mp_region_add(magpool_t *pool, size_t bytes) {
   /* RELEASE: the region is fully built before readers of nregions
    * (mp_region_of, ACQUIRE) can reach it. */
   mp_store_release(&pool->nregions, n + 1);
-  mp_fetch_add_relaxed(&pool->reserved, bytes);
+  size_t now = mp_fetch_add_relaxed(&pool->reserved, bytes) + bytes;
+  mp_max_relaxed_size(&pool->peak_reserved, now);
   return 0;
 fail_hdr:
   munmap(r->hdr, r->hdr_bytes);

@@ -78,6 +78,16 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
    * bytes are an exact lower bound for it. */
   int64_t now = (int64_t)(out->used_bytes + out->cached_bytes + out->pending_bytes);
   out->peak_used_bytes = (size_t)mp_max_relaxed(&pool->peak, now);
+  out->peak_reserved_bytes = mp_max_relaxed_size(&pool->peak_reserved, out->reserved_bytes);
+  return 0;
+}
+
+int magpool_reset_peaks(magpool_t *pool) {
+  if (pool == NULL) return MAGPOOL_EINVAL;
+  magpool_stats_t st;
+  magpool_get_stats(pool, &st);
+  mp_store_relaxed(&pool->peak, (int64_t)(st.used_bytes + st.cached_bytes + st.pending_bytes));
+  mp_store_relaxed(&pool->peak_reserved, st.reserved_bytes);
   return 0;
 }
 

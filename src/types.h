@@ -50,6 +50,30 @@ typedef struct mp_source_ops {
   /* Called once at pool creation; may set up ctx.  NULL = nothing to do. */
   int (*open)(void **ctx, const magpool_config_t *cfg);
   void (*close)(void *ctx);
+
+  /* Sources that map memory on demand set all five below (map != NULL);
+   * others leave them NULL and give whole regions through reserve.  The
+   * pool calls map and unmap under its map lock only, so a source need
+   * not make them thread-safe against each other; va_* are called at
+   * create and destroy.
+   *
+   * Smallest chunk the source can map (a power of two).  NULL: 4 KiB. */
+  size_t (*granularity)(void *ctx);
+  /* Reserves `size` bytes of address space (a power of two), aligned to
+   * `size`, with no memory behind it; chunk (a power of two >=
+   * granularity, dividing size) is the unit of every later map/unmap. */
+  int (*va_reserve)(void *ctx, size_t size, size_t chunk, void **base);
+  /* Unmaps whatever is still mapped in the range and gives it back. */
+  int (*va_release)(void *ctx, void *base, size_t size);
+  /* Backs [addr, addr + bytes) with memory readable and writable by the
+   * pool's users: a run of whole chunks, none of them mapped now.  Uses
+   * kept memory (unmap with keep) before it creates new memory.  On
+   * failure nothing of the run is mapped.  MAGPOOL_ENOMEM or ECUDA. */
+  int (*map)(void *ctx, void *addr, size_t bytes);
+  /* Takes the memory of [addr, addr + bytes) away (whole mapped chunks).
+   * keep != 0: the memory stays with the source for the next map (a move
+   * costs no create); keep == 0: it is freed. */
+  int (*unmap)(void *ctx, void *addr, size_t bytes, int keep);
 } mp_source_ops;
 
 /* Stream ordering, behind a small interface (host streams in
@@ -291,6 +315,7 @@ struct magpool_s {
 
   _Atomic int64_t tree_out;    /* bytes handed out by the trees, batched */
   _Atomic int64_t peak;
+  _Atomic size_t peak_reserved; /* high-water mark of reserved         */
   _Atomic uint64_t held_extra; /* acct.held of settled local accounts   */
 
   _Atomic(mp_tcache *) tcaches;/* push-only list of thread records      */
