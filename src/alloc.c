@@ -18,7 +18,8 @@
  * slow path (record held), else the tree; the ladder (record not held)
  * when both come up empty.  While a thief holds our magazines, the tree
  * serves us directly. */
-static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
+static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order,
+                                    size_t size) {
   /* Lazy coalescing of stream frees; the check saves a call when none is
    * ready. */
   if (mp_load_relaxed(&pool->retire.ready) != NULL) mp_retire_drain(pool, &tc->acct);
@@ -27,9 +28,9 @@ static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned ord
     p = mp_cache_alloc_slow(pool, tc, order);
     mp_tcache_exit_owner(tc);
   } else {
-    p = mp_region_take(pool, &tc->acct, order);
+    p = mp_region_take_need(pool, &tc->acct, order, size, false);
   }
-  return p != NULL ? p : mp_ladder_take(pool, tc, order);
+  return p != NULL ? p : mp_ladder_take(pool, tc, order, size);
 }
 
 MP_INLINE void *alloc_order(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size,
@@ -43,7 +44,7 @@ MP_INLINE void *alloc_order(magpool_t *pool, mp_tcache *tc, unsigned order, size
     }
     mp_tcache_exit_owner(tc);
   }
-  if (p == NULL && (p = alloc_slow(pool, tc, order)) == NULL) return NULL;
+  if (p == NULL && (p = alloc_slow(pool, tc, order, size)) == NULL) return NULL;
   return mp_hand_out(pool, tc, p, order, size, flags);
 }
 
@@ -223,7 +224,7 @@ size_t magpool_usable_size(magpool_t *pool, const void *ptr) {
   if (off & (pool->cfg.min_block - 1)) return 0;
   uint32_t w = mp_hdr_read(&r->hdr[off >> pool->min_shift]);
   if (!mp_hdr_live(w)) return 0;
-  return mp_block_bytes(pool, mp_hdr_order(w));
+  return mp_block_cost(pool, ptr, mp_hdr_order(w));
 }
 
 size_t magpool_align_up(size_t n, size_t align) {

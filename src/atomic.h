@@ -38,6 +38,9 @@
 
 /* -- read-modify-write ---------------------------------------------------- */
 #define mp_fetch_add_relaxed(p, v) atomic_fetch_add_explicit((p), (v), memory_order_relaxed)
+#define mp_fetch_add_seq_cst(p, v) atomic_fetch_add_explicit((p), (v), memory_order_seq_cst)
+#define mp_fetch_sub_seq_cst(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_seq_cst)
+#define mp_fetch_sub_relaxed(p, v) atomic_fetch_sub_explicit((p), (v), memory_order_relaxed)
 #define mp_fetch_add_acq_rel(p, v) atomic_fetch_add_explicit((p), (v), memory_order_acq_rel)
 #define mp_fetch_or_seq_cst(p, v) atomic_fetch_or_explicit((p), (v), memory_order_seq_cst)
 #define mp_fetch_and_seq_cst(p, v) atomic_fetch_and_explicit((p), (v), memory_order_seq_cst)
@@ -86,6 +89,13 @@
  * Returns the largest of v and the value seen. */
 static inline int64_t mp_max_relaxed(_Atomic int64_t *p, int64_t v) {
   int64_t cur = mp_load_relaxed(p);
+  while (v > cur && !mp_cas_weak_relaxed(p, &cur, v)) {
+  }
+  return v > cur ? v : cur;
+}
+
+static inline uint64_t mp_max_relaxed_u64(_Atomic uint64_t *p, uint64_t v) {
+  uint64_t cur = mp_load_relaxed(p);
   while (v > cur && !mp_cas_weak_relaxed(p, &cur, v)) {
   }
   return v > cur ? v : cur;

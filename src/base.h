@@ -12,6 +12,10 @@
 
 /* ---------------------------------------------------------------- limits */
 
+/* Internal return code (never public): a chunked pool would have to map
+ * more memory while stream frees that could cover the request are still
+ * on their way back (chunk.c, make_room). */
+#define MP_EGROW (-100)
 #define MP_MAX_REGIONS 64 /* growth steps a pool can take                 */
 #define MP_MAX_ORDER 48   /* largest block: min_block << MP_MAX_ORDER     */
 #define MP_MAX_CLASSES 24 /* cached orders (thread and stream caches)     */
@@ -94,6 +98,10 @@ enum {
                             enter/exit) and is about to refill a class   */
   MP_HOOK_REVOKE_WAIT,   /* arg: the mp_revoke; a thief waits for its
                             owner to leave                               */
+  MP_HOOK_CHUNK_TAKE,    /* arg: the chunk's address; a take counted the
+                            chunk busy and has not yet read its state     */
+  MP_HOOK_CHUNK_UNMAP,   /* arg: the chunk's address; an unmap marked it
+                            UNMAPPING and has not yet re-read busy        */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before

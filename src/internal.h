@@ -90,6 +90,27 @@ static inline size_t mp_block_bytes(const magpool_t *pool, unsigned order) {
   return (size_t)1 << (order + pool->min_shift);
 }
 
+/* What a block out of the tree costs in memory, the unit of every byte
+ * count of the pool (acct.held, pending, used): its size, except on a
+ * chunked pool for a block of a chunk or more, where only the chunks
+ * backing its requested bytes count (types.h, mp_chunks; the extent is
+ * recorded when the block is taken and kept until it is given back). */
+static inline size_t mp_block_cost(const magpool_t *pool, const void *p, unsigned order) {
+  size_t bs = mp_block_bytes(pool, order);
+  const mp_chunks *c = pool->chunks;
+  if (MP_LIKELY(c == NULL || bs < c->chunk)) return bs;
+  uint64_t first = (uint64_t)((const char *)p - c->base) >> c->shift;
+  return (size_t)mp_load_relaxed(&c->ext[first]) << c->shift;
+}
+
+/* Is `order` served as a run of chunks (runs.c) when taken for one
+ * request (mp_region_take_need), rather than as a buddy block?  Blocks
+ * of a chunk or more that no cache holds. */
+static inline bool mp_run_order(const magpool_t *pool, unsigned order) {
+  size_t bs = mp_block_bytes(pool, order);
+  return bs >= pool->chunks->chunk && bs > pool->cfg.cache_max_block;
+}
+
 /* Order for a request, or MAGPOOL_ENOMEM if no block could ever hold it
  * (this is where sizes near SIZE_MAX stop, before any arithmetic that
  * could overflow). */
@@ -107,6 +128,11 @@ static inline int mp_size_order(const magpool_t *pool, size_t size, unsigned *or
  * source.  Caller holds grow_lock, or owns the pool (create).  RELEASE:
  * publishes the built region through nregions. */
 int mp_region_add(magpool_t *pool, size_t bytes);
+/* Makes the pool's one region over reserved address space with its chunk
+ * map (chunk.c), if the source maps on demand and pool_size is a multiple
+ * of the chunk; MAGPOOL_ENOTSUP if not (the caller then adds a whole
+ * region).  Create only. */
+int mp_region_add_chunked(magpool_t *pool);
 /* Gives a region back to its source.  Destroy only. */
 void mp_region_destroy(magpool_t *pool, mp_region *r);
 /* Grows the pool so that a block of `order` may fit.  `seen` is nregions
@@ -118,6 +144,13 @@ int mp_region_grow(magpool_t *pool, unsigned order, unsigned seen);
 /* Takes one block of `order` from the trees, lowest region first; counts
  * it in *a.  NULL if no region has one now.  Owner of a; ACQUIRE (tree). */
 void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order);
+/* As mp_region_take, but on a chunked pool only the first `need` bytes of
+ * a block of a chunk or more are backed by memory (the rest is address
+ * space no one may touch).  need <= block bytes.  grow: may create memory
+ * even while stream frees that could cover it are on their way back
+ * (mp_region_take never does; chunk.c, make_room). */
+void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t need,
+                          bool grow);
 /* Gives a block back to its region's tree: release + merge.  Owner of a;
  * RELEASE (tree): the caller's writes to the block happen before the next
  * owner's. */
@@ -134,6 +167,39 @@ void mp_blocks_give(magpool_t *pool, mp_acct *a, void **blk, uint32_t n, unsigne
 void mp_chain_give(magpool_t *pool, mp_acct *a, mp_mag *chain);
 /* Merges every pair of free buddies in every region.  Any thread. */
 void mp_regions_coalesce(magpool_t *pool);
+
+/* chunk.c - the chunk map (types.h, mp_chunks), layer 2.  Any thread. */
+/* Builds pool->chunks: reserves the address range, maps pool_size.
+ * MAGPOOL_ENOTSUP if the pool cannot be chunked (see mp_region_add_chunked). */
+int mp_chunks_init(magpool_t *pool);
+void mp_chunks_fini(magpool_t *pool);
+/* Counts the extent of block (p, order) busy (need: bytes from p that must
+ * be backed; blocks under a chunk are backed whole) and maps what is not
+ * mapped, moving empty chunks under the budget.  MAGPOOL_ENOMEM (nothing
+ * counted) if the cap does not allow it, MP_EGROW if it would create
+ * memory while returning stream frees could cover it and !grow, or the
+ * source's error. */
+int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, bool grow);
+/* Uncounts the extent of block (p, order), before it goes to the tree. */
+void mp_chunks_release(magpool_t *pool, char *p, unsigned order);
+/* Up to max empty mapped chunks of the tree's half, lowest first (a
+ * snapshot: they may fill at once).  Takes the map lock. */
+unsigned mp_chunks_empty_low(magpool_t *pool, uint64_t *out, unsigned max);
+/* Unmaps every empty chunk beyond pool_size.  Takes the map lock. */
+void mp_chunks_trim(magpool_t *pool);
+/* C1-C5 on a quiescent pool: 0 or MAGPOOL_EINVAL. */
+int mp_chunks_check(magpool_t *pool);
+bool mp_chunks_busy(const magpool_t *pool, uint64_t chunk);
+
+/* runs.c - runs of chunks for large blocks (types.h, mp_runs), layer 2.
+ * Any thread (one mutex).  Run-space chunk numbers. */
+int mp_runs_init(magpool_t *pool, uint32_t n);
+void mp_runs_fini(magpool_t *pool);
+/* A free run of m chunks (placement: runs.c), or -1 if none. */
+int64_t mp_runs_alloc(magpool_t *pool, uint32_t m);
+void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m);
+/* The run invariants on a quiescent pool: 0 or MAGPOOL_EINVAL. */
+int mp_runs_check(magpool_t *pool);
 /* Adds a->tree_delta to the pool's tree_out and raises the peak.  Owner
  * of a; relaxed (a statistic). */
 void mp_acct_flush(magpool_t *pool, mp_acct *a);
@@ -312,7 +378,7 @@ size_t mp_tcaches_steal(magpool_t *pool, mp_tcache *self, mp_acct *a);
 /* The out-of-memory ladder for one block of `order`: drain ready batches,
  * flush caches and depots, wait for pending streams, grow.  NULL with
  * MAGPOOL_ENOMEM when nothing helps.  Owner of tc. */
-void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order);
+void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size);
 /* Pools built with this hook use `ops` instead of the source their kind
  * names (tests only; NULL restores the normal choice).  Process-global,
  * read at magpool_create. */

@@ -146,20 +146,28 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
     rc = pool->src->open(&pool->src_ctx, &c);
     if (rc != 0) goto fail;
   }
-  rc = mp_mags_init(pool);
+  rc = mp_region_add_chunked(pool);
+  if (rc == MAGPOOL_ENOTSUP) rc = mp_region_add(pool, c.pool_size);
   if (rc != 0) goto fail_src;
-  rc = mp_region_add(pool, c.pool_size);
-  if (rc != 0) goto fail_mags;
+  if (pool->chunks != NULL && pool->cfg.cache_max_block > pool->chunks->chunk) {
+    /* A cached block lies within one chunk. */
+    pool->cfg.cache_max_block = pool->chunks->chunk;
+    pool->nclasses = cache_classes(pool, pool->cfg.thread_cache_bytes, pool->mag_cap);
+    pool->s_nclasses = cache_classes(pool, c.stream_cache_bytes, pool->s_mag_cap);
+  }
+  rc = mp_mags_init(pool);
+  if (rc != 0) goto fail_region;
   mp_revoke_init();
   rc = mp_stream_table_init(pool);
-  if (rc != 0) goto fail_region;
+  if (rc != 0) goto fail_streams;
   *out = pool;
   return 0;
 
+fail_streams:
+  mp_mags_destroy(pool);
 fail_region:
   mp_region_destroy(pool, pool->regions[0]);
-fail_mags:
-  mp_mags_destroy(pool);
+  mp_chunks_fini(pool);
 fail_src:
   if (pool->src->close != NULL) pool->src->close(pool->src_ctx);
 fail:
@@ -183,6 +191,7 @@ int magpool_destroy(magpool_t *pool) {
   mp_track_destroy(pool);
   unsigned n = mp_load_acquire(&pool->nregions);
   for (unsigned i = 0; i < n; i++) mp_region_destroy(pool, pool->regions[i]);
+  mp_chunks_fini(pool);
   if (pool->src->close != NULL) pool->src->close(pool->src_ctx);
   pthread_mutex_destroy(pool->grow_lock);
   free(pool->grow_lock);
@@ -203,24 +212,48 @@ int magpool_destroy(magpool_t *pool) {
  * large blocks is seldom out of such a window for long. */
 #define MP_LADDER_RETAKES 64
 
-static void *retake(magpool_t *pool, mp_tcache *tc, unsigned order) {
+/* What a request of `size` in a block of `order` costs (mp_block_cost):
+ * on a chunked pool a block of a chunk or more is backed only up to the
+ * size, in whole chunks. */
+static size_t request_cost(const magpool_t *pool, unsigned order, size_t size) {
+  size_t bs = mp_block_bytes(pool, order);
+  const mp_chunks *c = pool->chunks;
+  if (c == NULL || bs < c->chunk) return bs;
+  size_t n = size == 0 ? 1 : (size + c->chunk - 1) >> c->shift;
+  return n << c->shift;
+}
+
+/* Bytes of stream frees on their way back to the tree. */
+static int64_t returning(magpool_t *pool) {
+  return mp_load_relaxed(&pool->retire.pending_bytes) + mp_load_relaxed(&pool->retire.ready_bytes);
+}
+
+/* The most the pool may hold: what it has, or its chunk cap. */
+static size_t pool_capacity(const magpool_t *pool, size_t reserved) {
+  return pool->chunks != NULL ? (size_t)(pool->chunks->cap << pool->chunks->shift) : reserved;
+}
+
+static void *retake(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size) {
+  size_t cost = request_cost(pool, order, size);
   for (unsigned i = 0; i < MP_LADDER_RETAKES; i++) {
     magpool_stats_t st;
     magpool_get_stats(pool, &st);
-    if (st.free_bytes < mp_block_bytes(pool, order)) return NULL;
+    size_t room = pool_capacity(pool, st.reserved_bytes) - st.reserved_bytes + st.free_bytes;
+    if (room < cost) return NULL;
     sched_yield();
-    void *p = mp_region_take(pool, &tc->acct, order);
+    void *p = mp_region_take_need(pool, &tc->acct, order, size, true);
     if (p != NULL) return p;
   }
   return NULL;
 }
 
 /* Could the request fit if what is not live came back: live bytes plus
- * the request within what the pool holds? */
-static bool could_fit(magpool_t *pool, unsigned order) {
+ * the request within what the pool holds (or may map, when chunked)? */
+static bool could_fit(magpool_t *pool, unsigned order, size_t size) {
   magpool_stats_t st;
   magpool_get_stats(pool, &st);
-  return st.used_bytes + mp_block_bytes(pool, order) <= st.reserved_bytes;
+  return st.used_bytes + request_cost(pool, order, size) <=
+         pool_capacity(pool, st.reserved_bytes);
 }
 
 /* The out-of-memory promise (magpool.h): MAGPOOL_ENOMEM only when the
@@ -240,15 +273,22 @@ static bool could_fit(magpool_t *pool, unsigned order) {
  * waited for; memory held live is not there.
  * The caller holds no lock and is outside its record's critical section
  * on every rung, so two ladders never wait for each other. */
-void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order) {
+void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size) {
   for (unsigned round = 0;; round++) {
     for (unsigned rung = 0;; rung++) {
       unsigned seen = mp_load_acquire(&pool->nregions);
-      void *p = mp_region_take(pool, &tc->acct, order);
+      void *p = mp_region_take_need(pool, &tc->acct, order, size, rung > 0);
       if (p != NULL) return p;
       MP_HOOK(MP_HOOK_LADDER_RUNG, (void *)(uintptr_t)rung);
       if (rung == 0) {
         mp_retire_drain(pool, &tc->acct);
+        /* A chunked pool maps more memory only once stream frees that
+         * could cover the request are back (then rung 1 may create). */
+        if (pool->chunks != NULL && returning(pool) >= (int64_t)request_cost(pool, order, size)) {
+          mp_streams_wait_pending(pool);
+          mp_retire_drain(pool, &tc->acct);
+          mp_regions_coalesce(pool);
+        }
       } else if (rung == 1) {
         mp_tcache_enter_owner_wait(tc);
         mp_tcache_flush(pool, tc, &tc->acct);
@@ -271,9 +311,9 @@ void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order) {
          * another thread, list already taken) has given the blocks back. */
         (mp_load_acquire(&pool->retire.pending_batches) != 0 ||
          mp_load_acquire(&pool->retire.ready_bytes) != 0) &&
-        could_fit(pool, order))
+        could_fit(pool, order, size))
       continue;
-    void *p = retake(pool, tc, order);
+    void *p = retake(pool, tc, order, size);
     return p != NULL ? p : mp_fail(MAGPOOL_ENOMEM);
   }
 }
@@ -298,6 +338,7 @@ int magpool_trim(magpool_t *pool) {
   mp_retire_drain(pool, a);
   mp_depot_drain(pool, a);
   mp_regions_coalesce(pool);
+  if (pool->chunks != NULL) mp_chunks_trim(pool);
   if (MP_DEBUG >= 2) mp_debug_check_quiescent(pool);
   MP_DBG_LEAVE(pool);
   return 0;

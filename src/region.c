@@ -25,30 +25,36 @@
 
 /* --------------------------------------------------------------- regions */
 
-int mp_region_add(magpool_t *pool, size_t bytes) {
+/* Builds a region of `bytes` at `base` (NULL: reserve it from the source)
+ * and publishes it. */
+static int region_add(magpool_t *pool, size_t bytes, void *base, size_t tree_bytes) {
   unsigned n = mp_load_relaxed(&pool->nregions);
   if (n >= MP_MAX_REGIONS) return MAGPOOL_ENOMEM;
   mp_region *r = calloc(1, sizeof *r);
   if (r == NULL) return MAGPOOL_ENOMEM;
   r->bytes = bytes;
   r->nunits = bytes >> pool->min_shift;
-  int rc = mp_tree_init(&r->tree, r->nunits);
+  int rc = mp_tree_init(&r->tree, tree_bytes >> pool->min_shift);
   if (rc != 0) goto fail_r;
   r->hdr_bytes = (size_t)r->nunits * sizeof(uint32_t);
   void *h = mmap(NULL, r->hdr_bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (h == MAP_FAILED) { rc = MAGPOOL_ENOMEM; goto fail_tree; }
   r->hdr = h;
-  void *base = NULL;
-  rc = pool->src->reserve(pool->src_ctx, bytes, &base);
-  if (rc != 0) goto fail_hdr;
+  bool whole = base == NULL;
+  if (whole) {
+    rc = pool->src->reserve(pool->src_ctx, bytes, &base);
+    if (rc != 0) goto fail_hdr;
+  }
   r->base = base;
   pool->regions[n] = r;
   /* RELEASE: the region is fully built before readers of nregions
    * (mp_region_of, ACQUIRE) can reach it. */
   mp_store_release(&pool->nregions, n + 1);
-  size_t now = mp_fetch_add_relaxed(&pool->reserved, bytes) + bytes;
-  mp_max_relaxed_size(&pool->peak_reserved, now);
+  if (whole) { /* a chunked region's memory is counted as it is mapped */
+    size_t now = mp_fetch_add_relaxed(&pool->reserved, bytes) + bytes;
+    mp_max_relaxed_size(&pool->peak_reserved, now);
+  }
   return 0;
 fail_hdr:
   munmap(r->hdr, r->hdr_bytes);
@@ -59,15 +65,27 @@ fail_r:
   return rc;
 }
 
+int mp_region_add(magpool_t *pool, size_t bytes) { return region_add(pool, bytes, NULL, bytes); }
+
+int mp_region_add_chunked(magpool_t *pool) {
+  int rc = mp_chunks_init(pool);
+  if (rc != 0) return rc;
+  /* The tree gets the lower half; the upper half is run space (runs.c). */
+  rc = region_add(pool, pool->chunks->va_bytes, pool->chunks->base, pool->chunks->va_bytes / 2);
+  if (rc != 0) mp_chunks_fini(pool);
+  return rc;
+}
+
 void mp_region_destroy(magpool_t *pool, mp_region *r) {
-  pool->src->release(pool->src_ctx, r->base, r->bytes);
+  if (pool->chunks == NULL) pool->src->release(pool->src_ctx, r->base, r->bytes);
   munmap(r->hdr, r->hdr_bytes);
   mp_tree_fini(&r->tree);
   free(r);
 }
 
 int mp_region_grow(magpool_t *pool, unsigned order, unsigned seen) {
-  if (!pool->cfg.allow_growth) return MAGPOOL_ENOMEM;
+  /* A chunked pool grows as its chunks are mapped, up to its cap. */
+  if (!pool->cfg.allow_growth || pool->chunks != NULL) return MAGPOOL_ENOMEM;
   pthread_mutex_t *lk = pool->grow_lock;
   pthread_mutex_lock(lk);
   int rc = 0;
@@ -120,32 +138,122 @@ static inline void acct_add(magpool_t *pool, mp_acct *a, int64_t d) {
 
 /* ------------------------------------------------------------- hand-offs */
 
-void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order) {
+/* ------------------------------------------------------------ run blocks */
+
+static inline bool is_run(const magpool_t *pool, const void *p) {
+  const mp_chunks *c = pool->chunks;
+  return c != NULL && (size_t)((const char *)p - c->base) >= c->va_bytes / 2;
+}
+
+/* A large block as a run of chunks (runs.c); the block keeps its buddy
+ * order for its header and stats, but occupies only its chunks. */
+static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, bool grow) {
+  mp_chunks *c = pool->chunks;
+  uint32_t m = (uint32_t)(need == 0 ? 1 : (need + c->chunk - 1) >> c->shift);
+  int64_t s = mp_runs_alloc(pool, m);
+  if (s < 0) return NULL;
+  char *p = c->base + ((size_t)(c->run0 + (uint64_t)s) << c->shift);
+  if (mp_chunks_acquire(pool, p, order, need, grow) != 0) {
+    mp_runs_free(pool, (uint32_t)s, m);
+    return NULL;
+  }
+  acct_add(pool, a, (int64_t)mp_block_cost(pool, p, order));
+  return p;
+}
+
+static void give_run(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
+  mp_chunks *c = pool->chunks;
+  size_t cost = mp_block_cost(pool, p, order);
+  mp_chunks_release(pool, p, order);
+  uint64_t first = ((uint64_t)((char *)p - c->base) >> c->shift) - c->run0;
+  mp_runs_free(pool, (uint32_t)first, (uint32_t)(cost >> c->shift));
+  acct_add(pool, a, -(int64_t)cost);
+}
+
+/* Empty mapped chunks tried before a small block opens an unmapped one. */
+#define MP_PREFER_TRIES 4
+
+/* A block under a chunk that landed in an unmapped chunk (so it split a
+ * block of a chunk or more) moves, if it can, into the lowest empty
+ * mapped chunk whose addresses are free: memory already there is used
+ * before any is mapped or moved (tools/sim: "small-aware").  Returns the
+ * block's offset, the new one or off. */
+static int64_t prefer_mapped(magpool_t *pool, mp_region *r, int64_t off, unsigned order) {
+  mp_chunks *c = pool->chunks;
+  if (mp_block_bytes(pool, order) > c->chunk) return off;
+  uint64_t ch = ((uint64_t)off << pool->min_shift) >> c->shift;
+  if (mp_load_relaxed(&c->state[ch]) == MP_CHUNK_MAPPED) return off;
+  uint64_t cand[MP_PREFER_TRIES];
+  unsigned n = mp_chunks_empty_low(pool, cand, MP_PREFER_TRIES);
+  unsigned cshift = c->shift - pool->min_shift;
+  for (unsigned k = 0; k < n; k++) {
+    int64_t got = mp_tree_claim_at(&r->tree, cand[k] << cshift, order);
+    if (got >= 0) {
+      mp_tree_free(&r->tree, (uint64_t)off, order);
+      return got;
+    }
+  }
+  return off;
+}
+
+static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, bool grow,
+                  bool run_ok) {
+  if (run_ok && pool->chunks != NULL && mp_run_order(pool, order))
+    return take_run(pool, a, order, need, grow);
   unsigned n = mp_load_acquire(&pool->nregions);
   for (unsigned i = 0; i < n; i++) {
     mp_region *r = pool->regions[i];
     if (order > r->tree.top) continue;
     int64_t off = mp_tree_alloc(&r->tree, order);
     if (off >= 0) {
-      acct_add(pool, a, (int64_t)mp_block_bytes(pool, order));
-      return r->base + ((size_t)off << pool->min_shift);
+      if (pool->chunks != NULL) off = prefer_mapped(pool, r, off, order);
+      char *p = r->base + ((size_t)off << pool->min_shift);
+      if (pool->chunks != NULL && mp_chunks_acquire(pool, p, order, need, grow) != 0) {
+        /* No memory for it under the cap: nothing was counted. */
+        mp_tree_free(&r->tree, (uint64_t)off, order);
+        return NULL;
+      }
+      acct_add(pool, a, (int64_t)mp_block_cost(pool, p, order));
+      return p;
     }
   }
   return NULL;
 }
 
+void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t need,
+                          bool grow) {
+  return take(pool, a, order, need, grow, true);
+}
+
+void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order) {
+  /* Full extent, from the tree: magazines carve it. */
+  return take(pool, a, order, mp_block_bytes(pool, order), false, false);
+}
+
 void mp_region_give(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
+  if (is_run(pool, p)) { give_run(pool, a, p, order); return; }
+  int64_t cost = (int64_t)mp_block_cost(pool, p, order);
+  if (pool->chunks != NULL) mp_chunks_release(pool, p, order);
   mp_region *r = mp_region_of(pool, p);
   uint64_t off = (uint64_t)((char *)p - r->base) >> pool->min_shift;
   mp_tree_free(&r->tree, off, order);
-  acct_add(pool, a, -(int64_t)mp_block_bytes(pool, order));
+  acct_add(pool, a, -cost);
 }
 
 void mp_region_give_lazy(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
+  if (is_run(pool, p)) { give_run(pool, a, p, order); return; }
+  int64_t cost = (int64_t)mp_block_cost(pool, p, order);
+  if (pool->chunks != NULL) mp_chunks_release(pool, p, order);
   mp_region *r = mp_region_of(pool, p);
   uint64_t off = (uint64_t)((char *)p - r->base) >> pool->min_shift;
   mp_tree_release(&r->tree, off, order);
-  acct_add(pool, a, -(int64_t)mp_block_bytes(pool, order));
+  acct_add(pool, a, -cost);
+}
+
+/* To the tree only: the chunks and the account were settled block by
+ * block, before the merge. */
+static void tree_give(magpool_t *pool, mp_region *r, char *p, unsigned o) {
+  mp_tree_free(&r->tree, (uint64_t)(p - r->base) >> pool->min_shift, o);
 }
 
 static int cmp_ptr(const void *a, const void *b) {
@@ -163,7 +271,17 @@ static int cmp_ptr(const void *a, const void *b) {
 void mp_blocks_give(magpool_t *pool, mp_acct *a, void **blk, uint32_t n, unsigned order) {
   if (n == 0) return;
   mp_assert(n <= MP_MAG_SLOTS);
+  if (pool->chunks != NULL && is_run(pool, blk[0])) { /* runs never merge */
+    for (uint32_t i = 0; i < n; i++) give_run(pool, a, blk[i], order);
+    return;
+  }
   if (n > 1) qsort(blk, n, sizeof *blk, cmp_ptr);
+  int64_t cost = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    cost += (int64_t)mp_block_cost(pool, blk[i], order);
+    if (pool->chunks != NULL) mp_chunks_release(pool, blk[i], order);
+  }
+  acct_add(pool, a, -cost);
   struct mp_merge_ent {
     char *p;
     unsigned o;
@@ -186,11 +304,11 @@ void mp_blocks_give(magpool_t *pool, mp_acct *a, void **blk, uint32_t n, unsigne
       top--;
     }
     if (top == sizeof st / sizeof st[0]) { /* cannot happen for n <= 64 */
-      for (unsigned k = 0; k < top; k++) mp_region_give(pool, a, st[k].p, st[k].o);
+      for (unsigned k = 0; k < top; k++) tree_give(pool, st[k].r, st[k].p, st[k].o);
       top = 0;
     }
   }
-  for (unsigned k = 0; k < top; k++) mp_region_give(pool, a, st[k].p, st[k].o);
+  for (unsigned k = 0; k < top; k++) tree_give(pool, st[k].r, st[k].p, st[k].o);
 }
 
 void mp_chain_give(magpool_t *pool, mp_acct *a, mp_mag *chain) {

@@ -71,7 +71,8 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t
   b->mags = chain;
   b->bytes = 0;
   for (mp_mag *m = chain; m != NULL; m = mp_load_relaxed(&m->next))
-    b->bytes += (int64_t)m->count * (int64_t)mp_block_bytes(pool, m->order);
+    for (uint32_t i = 0; i < m->count; i++)
+      b->bytes += (int64_t)mp_block_cost(pool, m->slot[i], m->order);
   mp_fetch_add_relaxed(&rt->pending_bytes, b->bytes);
   mp_fetch_add_acq_rel(&rt->pending_batches, 1);
   mp_fetch_add_acq_rel(pending, 1);

@@ -70,6 +70,20 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   out->used_bytes = used > 0 ? (size_t)used : 0;
   out->free_bytes = tree_free(pool, &s);
   out->largest_free_block = largest_free(pool);
+  /* A chunked pool's tree is address space; what it can hand out without
+   * mapping beyond what it has is bounded by its free bytes. */
+  if (pool->chunks != NULL) {
+    /* A request of up to that many bytes gets a block of address space
+     * whose backed extent, whole chunks, fits in the free bytes. */
+    size_t ch = pool->chunks->chunk, f = out->free_bytes;
+    size_t fit = f >= ch ? f & ~(ch - 1) : f == 0 ? 0 : (size_t)1 << mp_log2_floor(f);
+    if (out->largest_free_block > fit) out->largest_free_block = fit;
+  }
+  if (pool->chunks != NULL) {
+    out->chunk_maps = mp_load_relaxed(&pool->chunks->maps);
+    out->chunk_unmaps = mp_load_relaxed(&pool->chunks->unmaps);
+    out->chunk_moves = mp_load_relaxed(&pool->chunks->moves);
+  }
   out->alloc_count = s.allocs;
   out->free_count = s.frees;
   out->live_count = s.allocs - s.frees;
@@ -106,13 +120,58 @@ int magpool_mem_info(magpool_t *pool, size_t *free_bytes, size_t *total_bytes) {
 
 /* ----------------------------------------------------------------- check */
 
+/* Live headers of region r in units [from, to): well formed, not free in
+ * the tree.  Adds their units and their cost. */
+static int scan_live(magpool_t *pool, mp_region *r, uint64_t from, uint64_t to,
+                     uint64_t *live_units, uint64_t *live_cost) {
+  for (uint64_t u = from; u < to; u++) {
+    uint32_t w = mp_hdr_read(&r->hdr[u]);
+    if (!mp_hdr_live(w)) continue;
+    unsigned o = mp_hdr_order(w);
+    uint64_t len = (uint64_t)1 << o;
+    if ((u & (len - 1)) != 0 || u + len > r->nunits) return MAGPOOL_EINVAL;
+    if (mp_tree_is_free(&r->tree, u, o)) return MAGPOOL_EINVAL;
+    *live_units += len;
+    *live_cost += mp_block_cost(pool, r->base + (u << pool->min_shift), o);
+    u += len - 1; /* interior words hold no header */
+  }
+  return 0;
+}
+
+/* A chunked pool: the tree (I1-I3), the chunk map (C1-C5), and the byte
+ * counts: out of the tree (sum of accounts) == busy extents (C4's
+ * ext_out), live headers (all in busy chunks) == used bytes, and
+ * reserved - out == free bytes. */
+static int check_chunked(magpool_t *pool) {
+  mp_region *r = pool->regions[0];
+  mp_chunks *c = pool->chunks;
+  if (mp_tree_check(&r->tree, NULL) != 0 || mp_chunks_check(pool) != 0 || mp_runs_check(pool) != 0)
+    return MAGPOOL_EINVAL;
+  uint64_t live_units = 0, live_cost = 0;
+  uint64_t per = (uint64_t)1 << (c->shift - pool->min_shift);
+  for (uint64_t i = 0; i < c->n; i++) {
+    if (!mp_chunks_busy(pool, i)) continue;
+    uint64_t from = i * per, to = from + per;
+    /* A block that starts in an earlier busy chunk was scanned there. */
+    if (scan_live(pool, r, from, to, &live_units, &live_cost) != 0) return MAGPOOL_EINVAL;
+  }
+  sums s = sum_threads(pool);
+  if (s.held != mp_load_relaxed(&c->ext_out)) return MAGPOOL_EINVAL;
+  magpool_stats_t st;
+  magpool_get_stats(pool, &st);
+  if (live_cost != st.used_bytes) return MAGPOOL_EINVAL;
+  if (st.reserved_bytes - s.held != st.free_bytes) return MAGPOOL_EINVAL;
+  return 0;
+}
+
 /* Pool invariant, in min-block units, on a quiescent pool:
  *   tree free + live blocks + cached + pending == reserved
  * plus the tree's own I1-I3, and every live header well formed and not
- * overlapping a free tree block. */
+ * overlapping a free tree block.  Chunked pools: check_chunked. */
 int magpool_check(magpool_t *pool) {
   if (pool == NULL) return MAGPOOL_EINVAL;
-  uint64_t total_units = 0, free_units = 0, live_units = 0;
+  if (pool->chunks != NULL) return check_chunked(pool);
+  uint64_t total_units = 0, free_units = 0, live_units = 0, live_cost = 0;
   unsigned n = mp_load_acquire(&pool->nregions);
   for (unsigned i = 0; i < n; i++) {
     mp_region *r = pool->regions[i];
@@ -120,16 +179,7 @@ int magpool_check(magpool_t *pool) {
     if (mp_tree_check(&r->tree, &fu) != 0) return MAGPOOL_EINVAL;
     free_units += fu;
     total_units += r->nunits;
-    for (uint64_t u = 0; u < r->nunits; u++) {
-      uint32_t w = mp_hdr_read(&r->hdr[u]);
-      if (!mp_hdr_live(w)) continue;
-      unsigned o = mp_hdr_order(w);
-      uint64_t len = (uint64_t)1 << o;
-      if ((u & (len - 1)) != 0 || u + len > r->nunits) return MAGPOOL_EINVAL;
-      if (mp_tree_is_free(&r->tree, u, o)) return MAGPOOL_EINVAL;
-      live_units += len;
-      u += len - 1; /* interior words hold no header */
-    }
+    if (scan_live(pool, r, 0, r->nunits, &live_units, &live_cost) != 0) return MAGPOOL_EINVAL;
   }
   magpool_stats_t st;
   magpool_get_stats(pool, &st);

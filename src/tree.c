@@ -229,6 +229,33 @@ int64_t mp_tree_alloc(mp_tree *t, unsigned order) {
   return -1;
 }
 
+int64_t mp_tree_claim_at(mp_tree *t, uint64_t off, unsigned order) {
+  if (order > t->top || (off & (((uint64_t)1 << order) - 1)) != 0 || off >= t->nunits) return -1;
+  for (unsigned p = order; p <= t->top; p++) {
+    uint64_t i = off >> p, bit = (uint64_t)1 << (i % 64);
+    _Atomic uint64_t *wp = &t->level[p].layer[0][i / 64];
+    uint64_t w = mp_load_acquire(wp);
+    while (w & bit) {
+      /* ACQUIRE on success, as in level_claim (a). */
+      if (mp_cas_weak_seq_cst(wp, &w, w & ~bit)) {
+        /* Split down towards off: free the halves off is not in. */
+        uint64_t base = i << p;
+        for (unsigned q = p; q > order; q--) {
+          uint64_t half = (uint64_t)1 << (q - 1);
+          if (off >= base + half) {
+            level_set(&t->level[q - 1], base >> (q - 1));
+            base += half;
+          } else {
+            level_set(&t->level[q - 1], (base + half) >> (q - 1));
+          }
+        }
+        return (int64_t)off;
+      }
+    }
+  }
+  return -1;
+}
+
 void mp_tree_release(mp_tree *t, uint64_t off, unsigned order) {
   level_set(&t->level[order], off >> order);
 }
@@ -257,32 +284,64 @@ void mp_tree_free(mp_tree *t, uint64_t off, unsigned order) {
   mp_tree_merge(t, off, order);
 }
 
+/* Calls fn(arg, wi, w) for every nonzero word wi of layer 0, found
+ * through the summaries from word c of layer L down: a tree over a large
+ * address range is mostly zero words (untouched pages), which cost
+ * nothing.  A word whose summary bit is clear for a moment (a concurrent
+ * clear before its re-read, tree.c (b)) may be missed; on a quiescent
+ * tree (I3) none is. */
+static void walk_words(const mp_level *lv, unsigned L, uint64_t c,
+                       void (*fn)(void *arg, uint64_t wi, uint64_t w), void *arg) {
+  uint64_t w = mp_load_acquire(&lv->layer[L][c]);
+  if (L == 0) {
+    if (w != 0) fn(arg, c, w);
+    return;
+  }
+  while (w != 0) {
+    uint64_t below = c * 64 + mp_ctz64(w);
+    w &= w - 1;
+    if (below < lv->nwords[L - 1]) walk_words(lv, L - 1, below, fn, arg);
+  }
+}
+
+typedef struct coalesce_arg {
+  mp_tree *t;
+  unsigned o;
+} coalesce_arg;
+
+static void coalesce_word(void *arg, uint64_t wi, uint64_t w) {
+  coalesce_arg *a = arg;
+  /* Even bits whose odd neighbour is also set. */
+  uint64_t pairs = w & (w >> 1) & 0x5555555555555555ull;
+  while (pairs != 0) {
+    unsigned b = mp_ctz64(pairs);
+    pairs &= pairs - 1;
+    mp_tree_merge(a->t, (wi * 64 + b) << a->o, a->o);
+  }
+}
+
 void mp_tree_coalesce_all(mp_tree *t) {
   for (unsigned o = 0; o < t->top; o++) {
     mp_level *lv = &t->level[o];
-    for (uint64_t wi = 0; wi < lv->nwords[0]; wi++) {
-      uint64_t w = mp_load_acquire(&lv->layer[0][wi]);
-      /* Even bits whose odd neighbour is also set. */
-      uint64_t pairs = w & (w >> 1) & 0x5555555555555555ull;
-      while (pairs != 0) {
-        unsigned b = mp_ctz64(pairs);
-        pairs &= pairs - 1;
-        mp_tree_merge(t, (wi * 64 + b) << o, o);
-      }
-    }
+    coalesce_arg a = {t, o};
+    walk_words(lv, lv->nlayers - 1, 0, coalesce_word, &a);
   }
 }
 
 /* ------------------------------------------------------------- queries --- */
 
+static void count_word(void *arg, uint64_t wi, uint64_t w) {
+  (void)wi;
+  *(uint64_t *)arg += (uint64_t)__builtin_popcountll(w);
+}
+
 uint64_t mp_tree_free_units(const mp_tree *t) {
   uint64_t units = 0;
   for (unsigned o = 0; o <= t->top; o++) {
     const mp_level *lv = &t->level[o];
-    for (uint64_t wi = 0; wi < lv->nwords[0]; wi++) {
-      uint64_t w = mp_load_relaxed(&lv->layer[0][wi]);
-      if (w) units += (uint64_t)__builtin_popcountll(w) << o;
-    }
+    uint64_t bits = 0;
+    walk_words(lv, lv->nlayers - 1, 0, count_word, &bits);
+    units += bits << o;
   }
   return units;
 }
@@ -318,41 +377,62 @@ bool mp_tree_is_free(const mp_tree *t, uint64_t off, unsigned order) {
 
 /* ---------------------------------------------------------------- check -- */
 
+/* Levels with at most this many bitmap words are scanned word by word,
+ * with I3 checked on every word; larger ones (trees over a large address
+ * range, mostly untouched zero pages) are walked through their summaries.
+ * There a nonzero word under a clear summary bit is not seen, so its
+ * free units go uncounted: the caller's I4 balance then fails, which is
+ * how such an I3 break shows. */
+#define MP_CHECK_SCAN_WORDS 65536
+
+typedef struct check_ctx {
+  const mp_tree *t;
+  unsigned o;
+  uint64_t units;
+  int rc;
+} check_ctx;
+
+/* One free block (level o, index i): I2, and I1 as "no ancestor free"
+ * (two aligned buddy blocks overlap only if one contains the other). */
+static void check_block(check_ctx *k, uint64_t i) {
+  const mp_tree *t = k->t;
+  uint64_t nbits = (uint64_t)1 << (t->top - k->o);
+  uint64_t start = i << k->o, len = (uint64_t)1 << k->o;
+  if (i >= nbits || start + len > t->nunits) { k->rc = MAGPOOL_EINVAL; return; }
+  for (unsigned a = k->o + 1; a <= t->top; a++)
+    if (mp_tree_is_free(t, start, a)) { k->rc = MAGPOOL_EINVAL; return; }
+  k->units += len;
+}
+
+static void check_word(check_ctx *k, uint64_t wi, uint64_t w) {
+  while (w != 0 && k->rc == 0) {
+    check_block(k, wi * 64 + mp_ctz64(w));
+    w &= w - 1;
+  }
+}
+
+static void check_word_cb(void *arg, uint64_t wi, uint64_t w) { check_word(arg, wi, w); }
+
 int mp_tree_check(const mp_tree *t, uint64_t *free_units) {
-  uint64_t n = t->nunits;
-  uint64_t *cover = calloc((size_t)((n + 63) / 64), sizeof(uint64_t));
-  if (cover == NULL) return MAGPOOL_ENOMEM;
-  uint64_t units = 0;
-  int rc = 0;
-  for (unsigned o = 0; o <= t->top && rc == 0; o++) {
+  check_ctx k = {t, 0, 0, 0};
+  for (unsigned o = 0; o <= t->top && k.rc == 0; o++) {
     const mp_level *lv = &t->level[o];
-    uint64_t nbits = (uint64_t)1 << (t->top - o);
+    k.o = o;
+    if (lv->nwords[0] > MP_CHECK_SCAN_WORDS) {
+      walk_words(lv, lv->nlayers - 1, 0, check_word_cb, &k);
+      continue;
+    }
     /* I3: summaries cover nonzero words. */
-    for (unsigned L = 1; L < lv->nlayers && rc == 0; L++)
+    for (unsigned L = 1; L < lv->nlayers && k.rc == 0; L++)
       for (uint64_t c = 0; c < lv->nwords[L - 1]; c++)
         if (mp_load_relaxed(&lv->layer[L - 1][c]) != 0 &&
             !((mp_load_relaxed(&lv->layer[L][c / 64]) >> (c % 64)) & 1)) {
-          rc = MAGPOOL_EINVAL;
+          k.rc = MAGPOOL_EINVAL;
           break;
         }
-    for (uint64_t wi = 0; wi < lv->nwords[0] && rc == 0; wi++) {
-      uint64_t w = mp_load_relaxed(&lv->layer[0][wi]);
-      while (w != 0 && rc == 0) {
-        uint64_t i = wi * 64 + mp_ctz64(w);
-        w &= w - 1;
-        uint64_t start = i << o, len = (uint64_t)1 << o;
-        /* padding bits past the level's size, and I2 */
-        if (i >= nbits || start + len > n) { rc = MAGPOOL_EINVAL; break; }
-        /* I1: no overlap with another free block */
-        for (uint64_t u = start; u < start + len; u++) {
-          if ((cover[u / 64] >> (u % 64)) & 1) { rc = MAGPOOL_EINVAL; break; }
-          cover[u / 64] |= (uint64_t)1 << (u % 64);
-        }
-        units += len;
-      }
-    }
+    for (uint64_t wi = 0; wi < lv->nwords[0] && k.rc == 0; wi++)
+      check_word(&k, wi, mp_load_relaxed(&lv->layer[0][wi]));
   }
-  free(cover);
-  if (rc == 0 && free_units != NULL) *free_units = units;
-  return rc;
+  if (k.rc == 0 && free_units != NULL) *free_units = k.units;
+  return k.rc;
 }

@@ -61,6 +61,12 @@ void mp_tree_fini(mp_tree *t);
  * block.  ACQUIRE: the claim synchronises with the release that freed it. */
 int64_t mp_tree_alloc(mp_tree *t, unsigned order);
 
+/* Claims block (off, order) - off aligned to it - if it, or a block that
+ * contains it, is free now; a containing block is split down, and the
+ * halves that do not hold off are freed.  Returns off, or -1 (nothing
+ * changed).  ACQUIRE, as mp_tree_alloc. */
+int64_t mp_tree_claim_at(mp_tree *t, uint64_t off, unsigned order);
+
 /* Gives back block (off, order): sets its bit only (lazy coalescing).
  * RELEASE: the caller's writes to the block happen before a later claim. */
 void mp_tree_release(mp_tree *t, uint64_t off, unsigned order);

@@ -74,6 +74,10 @@ typedef struct mp_source_ops {
    * keep != 0: the memory stays with the source for the next map (a move
    * costs no create); keep == 0: it is freed. */
   int (*unmap)(void *ctx, void *addr, size_t bytes, int keep);
+  /* Memory the source could give in all (host RAM, device memory): the
+   * default cap of a growing pool with no max_pool_size.  NULL or 0:
+   * unknown (the pool then caps at its pool_size unless told). */
+  size_t (*capacity)(void *ctx);
 } mp_source_ops;
 
 /* Stream ordering, behind a small interface (host streams in
@@ -112,6 +116,74 @@ typedef struct mp_region {
   size_t hdr_bytes;
   mp_tree tree;
 } mp_region;
+
+/* The chunk map of a pool whose source maps memory on demand (chunk.c).
+ * The pool's one region is a reserved range of address space; physical
+ * memory backs it in chunks of `chunk` bytes.
+ *
+ * busy[c]: units (min blocks) of blocks out of the tree that overlap
+ *   chunk c with their extent: the whole block for blocks smaller than a
+ *   chunk, the chunks covering the requested bytes for larger ones
+ *   (ext[] holds that count at the block's first chunk).  Changed by
+ *   atomic RMW on every take from and give to the tree, by any thread.
+ * state[c]: MP_CHUNK_UNMAPPED, MAPPED or UNMAPPING; written only under
+ *   `lock`, read by anyone.
+ * mapped[]: a bitmap of MAPPED chunks, under `lock` only.
+ *
+ * Invariants (mp_chunks_check, quiescent):
+ *   C1  busy[c] > 0  =>  state[c] == MAPPED
+ *   C2  nmapped == |{c : state[c] == MAPPED}| == popcount(mapped) <= cap
+ *   C3  nbusy == |{c : busy[c] > 0}| <= hwm
+ *   C4  Σ busy[c] units == ext_out / min_block
+ *   C5  pool->reserved == nmapped * chunk
+ * The one race that matters, a take that finds a chunk MAPPED against an
+ * unmap that finds it empty, is a store-buffer pattern made safe by
+ * seq_cst on both sides (chunk.c). */
+enum { MP_CHUNK_UNMAPPED = 0, MP_CHUNK_MAPPED = 1, MP_CHUNK_UNMAPPING = 2 };
+
+/* Runs of whole chunks for blocks of a chunk or more (runs.c): the upper
+ * half of a chunked pool's address range, with no buddy alignment, so a
+ * block's chunks can be put back exactly where free mapped chunks are.
+ * All under `lock`.  Chunk numbers are relative to the run space.
+ *   head[i] = len  <=> a free run of len chunks starts at i   (else 0)
+ *   tail[i] = len  <=> a free run of len chunks ends at i     (else 0)
+ *   free runs of length L < MP_RUN_BINS are on list bin[L], longer ones
+ *   on bin[0], linked through next/prev (by start; UINT32_MAX ends)
+ * Invariants (mp_runs_check): free runs do not overlap, are never
+ * adjacent (freeing coalesces), are each on the list of their length,
+ * and with the blocks out (ext[] of the chunk map) tile the space. */
+#define MP_RUN_BINS 256
+typedef struct mp_runs {
+  uint32_t n;               /* chunks in the run space                  */
+  uint32_t *head, *tail, *next, *prev;
+  uint32_t bin[MP_RUN_BINS];
+  uint64_t free_chunks;
+  void *lock;               /* pthread_mutex_t *                        */
+} mp_runs;
+
+typedef struct mp_chunks {
+  size_t chunk;             /* bytes per chunk, a power of two          */
+  unsigned shift;           /* log2(chunk)                              */
+  char *base;               /* the reserved range                       */
+  size_t va_bytes;          /* its size, a power of two                 */
+  uint64_t n;               /* chunks in the range                      */
+  uint64_t cap;             /* most chunks mapped at once               */
+  uint64_t keep;            /* chunks trim leaves mapped (pool_size)    */
+  uint64_t release;         /* empty mapped chunks kept at a give       */
+  _Atomic uint32_t *busy;
+  _Atomic uint32_t *ext;
+  _Atomic uint8_t *state;
+  uint64_t *mapped;
+  _Atomic uint64_t nmapped; /* written under lock                       */
+  _Atomic uint64_t nbusy;
+  _Atomic uint64_t hwm;     /* high-water mark of nbusy                 */
+  _Atomic uint64_t ext_out; /* bytes of extents out of the tree         */
+  _Atomic uint64_t maps, unmaps, moves;
+  uint64_t cursor;          /* under lock: where the victim scan starts */
+  uint64_t run0;            /* first chunk of the run space (upper half) */
+  mp_runs runs;
+  void *lock;               /* pthread_mutex_t *                        */
+} mp_chunks;
 
 /* Where tree traffic is counted: bytes taken from the trees, net.  Owned
  * by one thread (a thread record's, or a caller's local one that it then
@@ -310,6 +382,7 @@ struct magpool_s {
   _Atomic unsigned nregions;   /* regions[0..nregions) are published    */
   mp_region *regions[MP_MAX_REGIONS];
   _Atomic size_t reserved;
+  mp_chunks *chunks;           /* NULL: regions are whole (no mapping)  */
   _Atomic uint64_t grow_count;
   void *grow_lock;             /* pthread_mutex_t * (rank 3)            */
 

@@ -332,9 +332,14 @@ static size_t rand_size_upto(slot *sl, unsigned max_log) {
 
 static size_t rand_size(slot *sl) { return rand_size_upto(sl, MAX_SIZE_LOG); }
 
-/* Usable size a power of two >= req, and the block aligned to it. */
+/* Usable size a power of two >= req, and the block aligned to it; or, for
+ * a block of a chunk (2 MiB) or more on a chunked pool, whole chunks >=
+ * req, aligned to a chunk. */
 static bool shape_ok(const void *p, size_t req, size_t usable) {
   if (usable >= req && is_pow2(usable) && ((uintptr_t)p & (usable - 1)) == 0)
+    return true;
+  const size_t chunk = (size_t)2 << 20;
+  if (usable >= req && usable >= chunk && usable % chunk == 0 && ((uintptr_t)p & (chunk - 1)) == 0)
     return true;
   violation("block %p for %zu bytes: usable size %zu, not a power of two >= the "
             "request that the block is aligned to",
@@ -1272,8 +1277,14 @@ static void setup(slot *ms) {
   }
   ms->c.allocs++;
   uintptr_t pa = (uintptr_t)probe & ~(((uintptr_t)1 << GRANULE_LOG) - 1);
-  g_win_lo = pa > g_pool_size ? pa - g_pool_size : 0;
-  g_win_bytes = 2 * g_pool_size;
+  /* A chunked pool reserves up to four times its size rounded up to a
+   * power of two in address space (its tree's half and its runs' half):
+   * the window covers that on either side of the probe. */
+  size_t span = 1;
+  while (span < g_pool_size) span <<= 1;
+  span *= 4;
+  g_win_lo = pa > span ? pa - span : 0;
+  g_win_bytes = 2 * span;
   size_t nbits = g_win_bytes >> GRANULE_LOG;
   g_own = calloc((nbits + 63) / 64, sizeof *g_own);
   if (g_own == NULL) {

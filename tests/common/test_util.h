@@ -221,6 +221,19 @@ static inline size_t mpt_block_size_for(size_t size, size_t min_block) {
 static inline void mpt_assert_block(magpool_t *pool, const void *p,
                                     size_t size, size_t min_block) {
   size_t u = magpool_usable_size(pool, p);
+  const size_t chunk = 2 * MiB; /* the default chunk_size */
+  if (u >= chunk && !mpt_is_pow2(u)) {
+    /* A large block on a chunked pool: a run of whole chunks. */
+    cr_assert_eq(u % chunk, 0, "usable_size %zu of a run is not whole chunks", u);
+    cr_assert_geq(u, size);
+    cr_assert(mpt_is_aligned(p, chunk), "run %p not aligned to a chunk", p);
+    return;
+  }
+  if (u >= chunk && !mpt_is_aligned(p, u)) {
+    cr_assert(mpt_is_aligned(p, chunk), "run %p not aligned to a chunk", p);
+    cr_assert_geq(u, size);
+    return;
+  }
   cr_assert(mpt_is_pow2(u), "usable_size %zu of a %zu-byte block is not a "
                             "power of two", u, size);
   cr_assert_geq(u, size);

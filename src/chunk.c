@@ -1,0 +1,413 @@
+/* chunk.c - the chunk map: physical memory behind a reserved range of
+ * address space, mapped in chunks as blocks first need it.  Layer 2,
+ * beside the tree; region.c calls it on every take from and give to the
+ * tree of a pool whose source maps on demand.
+ *
+ * Data and invariants C1-C5: types.h, struct mp_chunks.
+ *
+ * Mapping policy (the "high-water budget"):
+ *   - every chunk a block's extent overlaps is busy while the block is
+ *     out of the tree (live, cached or pending); a busy chunk is mapped;
+ *   - the pool maps at most budget = max(keep, min(cap, hwm + slack))
+ *     chunks, where hwm is the high-water mark of busy chunks and slack
+ *     max(MP_CHUNK_SLACK_MIN, hwm / 100) (tools/sim/README.md: the
+ *     smallest slack that takes a warm training loop to no moves);
+ *   - a take that needs an unmapped chunk creates memory while the
+ *     budget allows, else moves an empty mapped chunk there (unmap with
+ *     keep, then map: no create on sources that keep memory);
+ *   - empty chunks otherwise stay mapped (a warm pool reuses them with no
+ *     call to the source), except above release_threshold at a give, and
+ *     at magpool_trim, which unmaps every empty chunk beyond pool_size.
+ * So mapped memory never exceeds the pool's peak need in chunks by more
+ * than the slack, and a request fails only when its chunks do not fit
+ * under the cap beside the busy ones.
+ *
+ * Ordering.  A take counts its chunks busy (seq_cst RMW), then reads each
+ * chunk's state (seq_cst load); only if one is not MAPPED does it take the
+ * lock.  An unmap, under the lock, marks an empty chunk UNMAPPING
+ * (seq_cst store), then re-reads busy (seq_cst load), and unmaps only if
+ * it is still 0.  In the single total order either the take's RMW comes
+ * first, and the unmap sees busy > 0 and puts MAPPED back, or the unmap's
+ * load comes first, and then the take's state load, which follows its RMW,
+ * sees UNMAPPING or UNMAPPED and the take waits for the lock and maps the
+ * chunk again.  A take never uses memory that an unmap may be taking
+ * away.  A give's decrement (seq_cst, so RELEASE) happens after the
+ * block's last use, and the unmap's re-read (ACQUIRE) sees it: the user's
+ * accesses happen before the unmap.  Only the lock holder changes state
+ * and the mapped bitmap; a MAPPED store made under the lock is read by
+ * takers with seq_cst (ACQUIRE), after the source's map returned.
+ */
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Chunks the budget allows beyond the busy high-water mark, at least. */
+#define MP_CHUNK_SLACK_MIN 16
+
+static inline pthread_mutex_t *lock_of(mp_chunks *c) { return c->lock; }
+
+static inline uint64_t units_per_chunk(const magpool_t *pool, const mp_chunks *c) {
+  return (uint64_t)1 << (c->shift - pool->min_shift);
+}
+
+static inline uint64_t budget(const mp_chunks *c) {
+  uint64_t h = mp_load_relaxed(&c->hwm);
+  uint64_t slack = h / 100 > MP_CHUNK_SLACK_MIN ? h / 100 : MP_CHUNK_SLACK_MIN;
+  uint64_t b = h + slack;
+  if (b > c->cap) b = c->cap;
+  return b > c->keep ? b : c->keep;
+}
+
+static void reserved_add(magpool_t *pool, int64_t chunks) {
+  mp_chunks *c = pool->chunks;
+  int64_t d = chunks * (int64_t)c->chunk;
+  size_t now = mp_fetch_add_relaxed(&pool->reserved, (size_t)d) + (size_t)d;
+  if (d > 0) mp_max_relaxed_size(&pool->peak_reserved, now);
+}
+
+static inline void bit_set(uint64_t *b, uint64_t i) { b[i / 64] |= (uint64_t)1 << (i % 64); }
+static inline void bit_clear(uint64_t *b, uint64_t i) { b[i / 64] &= ~((uint64_t)1 << (i % 64)); }
+
+/* Maps chunks [first, first + n), all unmapped.  Lock held. */
+static int map_run(magpool_t *pool, uint64_t first, uint64_t n) {
+  mp_chunks *c = pool->chunks;
+  int rc = pool->src->map(pool->src_ctx, c->base + (first << c->shift), n << c->shift);
+  if (rc != 0) return rc;
+  for (uint64_t i = first; i < first + n; i++) {
+    bit_set(c->mapped, i);
+    mp_store_seq_cst(&c->state[i], MP_CHUNK_MAPPED);
+  }
+  mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) + n);
+  mp_fetch_add_relaxed(&c->maps, n);
+  reserved_add(pool, (int64_t)n);
+  return 0;
+}
+
+/* Unmaps chunk i if it is empty, with the handshake above.  Lock held.
+ * Returns true if it was unmapped. */
+static bool unmap_if_empty(magpool_t *pool, uint64_t i, int keep) {
+  mp_chunks *c = pool->chunks;
+  if (mp_load_relaxed(&c->busy[i]) != 0) return false;
+  mp_store_seq_cst(&c->state[i], MP_CHUNK_UNMAPPING);
+  MP_HOOK(MP_HOOK_CHUNK_UNMAP, c->base + (i << c->shift));
+  if (mp_load_seq_cst(&c->busy[i]) != 0 ||
+      pool->src->unmap(pool->src_ctx, c->base + (i << c->shift), c->chunk, keep) != 0) {
+    mp_store_seq_cst(&c->state[i], MP_CHUNK_MAPPED);
+    return false;
+  }
+  mp_store_seq_cst(&c->state[i], MP_CHUNK_UNMAPPED);
+  bit_clear(c->mapped, i);
+  mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - 1);
+  mp_fetch_add_relaxed(&c->unmaps, 1);
+  reserved_add(pool, -1);
+  return true;
+}
+
+/* Unmaps one empty mapped chunk, scanning down from the cursor (highest
+ * addresses first: lowest-first placement wants them last).  Lock held.
+ * Returns false if none is empty. */
+static bool unmap_one(magpool_t *pool, int keep) {
+  mp_chunks *c = pool->chunks;
+  uint64_t nw = (c->n + 63) / 64;
+  uint64_t start = c->cursor < nw ? c->cursor : nw - 1;
+  for (uint64_t k = 0; k < nw; k++) {
+    uint64_t wi = (start + nw - k) % nw;
+    uint64_t w = c->mapped[wi];
+    while (w != 0) {
+      unsigned b = 63 - (unsigned)__builtin_clzll(w);
+      w &= ~((uint64_t)1 << b);
+      if (unmap_if_empty(pool, wi * 64 + b, keep)) {
+        c->cursor = wi;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+/* Empty mapped chunks, counted up to `enough`.  Lock held. */
+static uint64_t count_empty(mp_chunks *c, uint64_t enough) {
+  uint64_t k = 0;
+  for (uint64_t wi = 0; wi < (c->n + 63) / 64 && k < enough; wi++)
+    for (uint64_t w = c->mapped[wi]; w != 0 && k < enough; w &= w - 1)
+      k += mp_load_relaxed(&c->busy[wi * 64 + mp_ctz64(w)]) == 0;
+  return k;
+}
+
+/* Stream frees on their way back (pending behind their streams, or
+ * ready to be given back) that could cover `bytes`? */
+static bool returning_covers(const magpool_t *pool, size_t bytes) {
+  int64_t r = mp_load_relaxed(&pool->retire.pending_bytes) +
+              mp_load_relaxed(&pool->retire.ready_bytes);
+  return r > 0 && (size_t)r >= bytes;
+}
+
+/* Makes room for n more mapped chunks under the budget, by unmapping
+ * empty ones (kept for the map that follows: a move).  Creating memory
+ * beyond what is mapped is refused with MP_EGROW unless `grow`, while
+ * stream frees on their way back could cover the run: the caller waits
+ * for them first (pool.c's ladder).  Lock held. */
+static int make_room(magpool_t *pool, uint64_t n, bool grow) {
+  mp_chunks *c = pool->chunks;
+  if (mp_load_relaxed(&c->nmapped) + n <= budget(c))
+    return !grow && returning_covers(pool, n << c->shift) ? MP_EGROW : 0;
+  /* Over the budget: moves.  Fail before unmapping anything if too few
+   * chunks are empty for the run to fit under the cap. */
+  uint64_t nm = mp_load_relaxed(&c->nmapped);
+  if (nm + n > c->cap && count_empty(c, nm + n - c->cap) < nm + n - c->cap) return MAGPOOL_ENOMEM;
+  while (mp_load_relaxed(&c->nmapped) + n > budget(c)) {
+    if (!unmap_one(pool, 1)) break;
+    mp_fetch_add_relaxed(&c->moves, 1);
+  }
+  return mp_load_relaxed(&c->nmapped) + n <= c->cap ? 0 : MAGPOOL_ENOMEM;
+}
+
+/* ------------------------------------------------------------ busy counts */
+
+/* First chunk and chunk count of a block's extent, and the units it adds
+ * to each chunk. */
+typedef struct extent {
+  uint64_t first, n, units;
+} extent;
+
+static extent extent_of(const magpool_t *pool, const char *p, unsigned order, size_t need) {
+  const mp_chunks *c = pool->chunks;
+  extent e;
+  e.first = (uint64_t)(p - c->base) >> c->shift;
+  size_t bs = mp_block_bytes(pool, order);
+  if (bs < c->chunk) {
+    e.n = 1;
+    e.units = (uint64_t)1 << order;
+  } else {
+    e.n = need == 0 ? 1 : (need + c->chunk - 1) >> c->shift;
+    e.units = units_per_chunk(pool, c);
+  }
+  return e;
+}
+
+static void busy_sub(magpool_t *pool, const extent *e) {
+  mp_chunks *c = pool->chunks;
+  for (uint64_t i = e->first; i < e->first + e->n; i++)
+    if (mp_fetch_sub_seq_cst(&c->busy[i], (uint32_t)e->units) == e->units)
+      mp_fetch_sub_relaxed(&c->nbusy, 1);
+  mp_fetch_sub_relaxed(&c->ext_out, (e->n * e->units) << pool->min_shift);
+}
+
+/* Above release_threshold, unmaps empty chunks (not below keep).  Skips
+ * if the lock is busy: the next give tries again. */
+static void release_excess(magpool_t *pool) {
+  mp_chunks *c = pool->chunks;
+  pthread_mutex_t *lk = lock_of(c);
+  if (pthread_mutex_trylock(lk) != 0) return;
+  while (mp_load_relaxed(&c->nmapped) > c->keep &&
+         mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release &&
+         unmap_one(pool, 0)) {
+  }
+  pthread_mutex_unlock(lk);
+}
+
+int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, bool grow) {
+  mp_chunks *c = pool->chunks;
+  extent e = extent_of(pool, p, order, need);
+  if (mp_block_bytes(pool, order) >= c->chunk) mp_store_relaxed(&c->ext[e.first], (uint32_t)e.n);
+  for (uint64_t i = e.first; i < e.first + e.n; i++)
+    if (mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0)
+      mp_max_relaxed_u64(&c->hwm, mp_fetch_add_relaxed(&c->nbusy, 1) + 1);
+  mp_fetch_add_relaxed(&c->ext_out, (e.n * e.units) << pool->min_shift);
+  MP_HOOK(MP_HOOK_CHUNK_TAKE, c->base + (e.first << c->shift));
+  uint64_t i = e.first;
+  while (i < e.first + e.n && mp_load_seq_cst(&c->state[i]) == MP_CHUNK_MAPPED) i++;
+  if (MP_LIKELY(i == e.first + e.n)) return 0;
+
+  /* Slow path: map what is not mapped, run by run. */
+  pthread_mutex_t *lk = lock_of(c);
+  pthread_mutex_lock(lk);
+  int rc = 0;
+  while (i < e.first + e.n && rc == 0) {
+    if (mp_load_relaxed(&c->state[i]) == MP_CHUNK_MAPPED) { i++; continue; }
+    uint64_t j = i;
+    while (j < e.first + e.n && mp_load_relaxed(&c->state[j]) != MP_CHUNK_MAPPED) j++;
+    uint64_t before = mp_load_relaxed(&c->nmapped);
+    rc = make_room(pool, j - i, grow);
+    if (rc == 0) rc = map_run(pool, i, j - i);
+    if (rc == 0 && mp_load_relaxed(&c->nmapped) > before) mp_fetch_add_relaxed(&pool->grow_count, 1);
+    i = j;
+  }
+  pthread_mutex_unlock(lk);
+  if (rc != 0) busy_sub(pool, &e); /* the caller gives the block back */
+  return rc;
+}
+
+void mp_chunks_release(magpool_t *pool, char *p, unsigned order) {
+  mp_chunks *c = pool->chunks;
+  size_t need = 0;
+  if (mp_block_bytes(pool, order) >= c->chunk) {
+    uint64_t first = (uint64_t)(p - c->base) >> c->shift;
+    need = (size_t)mp_load_relaxed(&c->ext[first]) << c->shift;
+  }
+  extent e = extent_of(pool, p, order, need);
+  busy_sub(pool, &e);
+  if (MP_UNLIKELY(c->release != UINT64_MAX) &&
+      mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release)
+    release_excess(pool);
+}
+
+unsigned mp_chunks_empty_low(magpool_t *pool, uint64_t *out, unsigned max) {
+  mp_chunks *c = pool->chunks;
+  unsigned k = 0;
+  pthread_mutex_lock(lock_of(c));
+  for (uint64_t wi = 0; wi < c->run0 / 64 && k < max; wi++)
+    for (uint64_t w = c->mapped[wi]; w != 0 && k < max; w &= w - 1) {
+      uint64_t i = wi * 64 + mp_ctz64(w);
+      if (mp_load_relaxed(&c->busy[i]) == 0) out[k++] = i;
+    }
+  pthread_mutex_unlock(lock_of(c));
+  return k;
+}
+
+void mp_chunks_trim(magpool_t *pool) {
+  mp_chunks *c = pool->chunks;
+  pthread_mutex_lock(lock_of(c));
+  while (mp_load_relaxed(&c->nmapped) > c->keep && unmap_one(pool, 0)) {
+  }
+  pthread_mutex_unlock(lock_of(c));
+}
+
+/* ------------------------------------------------------------ life cycle */
+
+static size_t pow2_ceil(size_t x) {
+  size_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+int mp_chunks_init(magpool_t *pool) {
+  const mp_source_ops *src = pool->src;
+  const magpool_config_t *cfg = &pool->cfg;
+  if (src->map == NULL) return MAGPOOL_ENOTSUP;
+  size_t gran = src->granularity != NULL ? src->granularity(pool->src_ctx) : 4096;
+  size_t chunk = cfg->chunk_size;
+  if (chunk < gran) chunk = gran;
+  if (chunk < cfg->min_block || cfg->pool_size % chunk != 0) return MAGPOOL_ENOTSUP;
+
+  /* The cap: max_pool_size, else the source's capacity when growing,
+   * else the pool size. */
+  size_t cap = cfg->pool_size;
+  if (cfg->allow_growth) {
+    if (cfg->max_pool_size != 0) cap = cfg->max_pool_size;
+    else if (src->capacity != NULL && src->capacity(pool->src_ctx) > cap)
+      cap = src->capacity(pool->src_ctx);
+  }
+  cap &= ~(chunk - 1);
+  if (cap < cfg->pool_size) cap = cfg->pool_size;
+  /* Twice the cap in address space: buddy blocks round requests up to a
+   * power of two, so live bytes near the cap need up to twice as much
+   * room; the waste is address space only. */
+  size_t va = pow2_ceil(cap);
+  if (va < ((size_t)1 << 45)) va *= 2;
+  if (va < chunk) va = chunk;
+  /* And as much again for runs of chunks (runs.c): the tree has the lower
+   * half, large blocks the upper. */
+  va *= 2;
+
+  mp_chunks *c = calloc(1, sizeof *c);
+  pthread_mutex_t *lk = malloc(sizeof *lk);
+  int rc = MAGPOOL_ENOMEM;
+  if (c == NULL || lk == NULL) goto fail;
+  pthread_mutex_init(lk, NULL);
+  c->lock = lk;
+  c->chunk = chunk;
+  c->shift = mp_log2_floor(chunk);
+  c->va_bytes = va;
+  c->n = va >> c->shift;
+  c->cap = cap >> c->shift;
+  c->keep = cfg->pool_size >> c->shift;
+  c->release = cfg->release_threshold == SIZE_MAX ? UINT64_MAX : cfg->release_threshold >> c->shift;
+  c->busy = calloc(c->n, sizeof *c->busy);
+  c->ext = calloc(c->n, sizeof *c->ext);
+  c->state = calloc(c->n, sizeof *c->state);
+  c->mapped = calloc((c->n + 63) / 64, sizeof *c->mapped);
+  if (c->busy == NULL || c->ext == NULL || c->state == NULL || c->mapped == NULL) goto fail_tabs;
+  void *base = NULL;
+  rc = src->va_reserve(pool->src_ctx, va, chunk, &base);
+  if (rc != 0) goto fail_tabs;
+  c->base = base;
+  c->run0 = c->n / 2;
+  pool->chunks = c;
+  rc = mp_runs_init(pool, (uint32_t)(c->n - c->run0));
+  if (rc != 0) {
+    pool->chunks = NULL;
+    src->va_release(pool->src_ctx, base, va);
+    goto fail_tabs;
+  }
+  /* pool_size is mapped at creation, at the lowest addresses, which
+   * lowest-first placement fills first. */
+  pthread_mutex_lock(lk);
+  rc = map_run(pool, 0, c->keep);
+  pthread_mutex_unlock(lk);
+  if (rc != 0) {
+    mp_runs_fini(pool);
+    pool->chunks = NULL;
+    src->va_release(pool->src_ctx, base, va);
+    goto fail_tabs;
+  }
+  return 0;
+fail_tabs:
+  free(c->busy);
+  free(c->ext);
+  free((void *)c->state);
+  free(c->mapped);
+  pthread_mutex_destroy(lk);
+fail:
+  free(lk);
+  free(c);
+  return rc;
+}
+
+void mp_chunks_fini(magpool_t *pool) {
+  mp_chunks *c = pool->chunks;
+  if (c == NULL) return;
+  pool->src->va_release(pool->src_ctx, c->base, c->va_bytes);
+  mp_runs_fini(pool);
+  free(c->busy);
+  free(c->ext);
+  free((void *)c->state);
+  free(c->mapped);
+  pthread_mutex_destroy(lock_of(c));
+  free(c->lock);
+  free(c);
+  pool->chunks = NULL;
+}
+
+/* ----------------------------------------------------------------- check */
+
+int mp_chunks_check(magpool_t *pool) {
+  mp_chunks *c = pool->chunks;
+  uint64_t mapped = 0, busy = 0, units = 0, bits = 0;
+  for (uint64_t i = 0; i < c->n; i++) {
+    uint8_t st = mp_load_relaxed(&c->state[i]);
+    uint32_t b = mp_load_relaxed(&c->busy[i]);
+    bool bit = (c->mapped[i / 64] >> (i % 64)) & 1;
+    if (st == MP_CHUNK_UNMAPPING || bit != (st == MP_CHUNK_MAPPED)) return MAGPOOL_EINVAL;
+    if (b != 0 && st != MP_CHUNK_MAPPED) return MAGPOOL_EINVAL;           /* C1 */
+    if (b > units_per_chunk(pool, c)) return MAGPOOL_EINVAL;
+    mapped += st == MP_CHUNK_MAPPED;
+    bits += bit;
+    busy += b != 0;
+    units += b;
+  }
+  if (mapped != mp_load_relaxed(&c->nmapped) || mapped != bits || mapped > c->cap)
+    return MAGPOOL_EINVAL;                                                /* C2 */
+  if (busy != mp_load_relaxed(&c->nbusy) || busy > mp_load_relaxed(&c->hwm))
+    return MAGPOOL_EINVAL;                                                /* C3 */
+  if ((units << pool->min_shift) != mp_load_relaxed(&c->ext_out)) return MAGPOOL_EINVAL; /* C4 */
+  if (mp_load_relaxed(&pool->reserved) != mapped * c->chunk) return MAGPOOL_EINVAL;   /* C5 */
+  return 0;
+}
+
+bool mp_chunks_busy(const magpool_t *pool, uint64_t chunk) {
+  return mp_load_relaxed(&pool->chunks->busy[chunk]) != 0;
+}
