@@ -181,7 +181,7 @@ int mp_runs_check(magpool_t *pool) {
     uint32_t m = mp_load_relaxed(&c->ext[c->run0 + i]);
     if (m == 0 || i + m > r->n) return MAGPOOL_EINVAL; /* neither free nor out */
     for (uint32_t k = i; k < i + m; k++)
-      if (!mp_chunks_busy(pool, c->run0 + k)) return MAGPOOL_EINVAL;
+      if (mp_load_relaxed(&c->busy[c->run0 + k]) == 0) return MAGPOOL_EINVAL;
     i += m;
     last_free = false;
   }
