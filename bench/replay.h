@@ -1,0 +1,135 @@
+/* replay.h - what magpool-replay's source files share (docs/replay.md).
+ *
+ * Map (calls run one way: replay.c -> replay_magpool.c / replay_cuda.c ->
+ * replay_trace.c):
+ *   replay.c          command line, the loop over traces x allocators x
+ *                     modes, the REPLAY and SUMMARY lines
+ *   replay_trace.c    loading a trace (plain text or gzip) into compact
+ *                     arrays; the clock; the per-pass bookkeeping helpers
+ *   replay_magpool.c  the magpool runner (HOST, DEVICE, PINNED pools; sync
+ *                     and async)
+ *   replay_cuda.c     the CUDA side: device probe, CUDA streams, and the
+ *                     peers cudaMallocAsync, cudaMalloc and cub (stubs
+ *                     that say so when built without CUDA)
+ *   replay_cub.cu     cub::CachingDeviceAllocator behind a C interface
+ *                     (only with CUDA)
+ *
+ * A loaded trace is two arrays: one 8-byte event per line, and one size per
+ * allocation.  Every allocation event gets its own slot (its ordinal among
+ * the allocations); a free names the slot of the allocation it frees, so
+ * the replay needs no lookup: ptrs[slot] holds the live pointer.
+ *
+ * Replay is single-threaded: one thread issues every event in trace order.
+ */
+#ifndef MAGPOOL_REPLAY_H
+#define MAGPOOL_REPLAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define REPLAY_MAX_STREAMS 1024u  /* stream numbers 0 .. 1023             */
+#define REPLAY_MAX_SLOTS 0xFFFFFFFFu /* allocations per trace             */
+
+/* One event.  op_stream: bit 31 set for a free; bits 0..30 the stream
+ * number.  slot: the allocation's slot (see above). */
+typedef struct replay_event {
+  uint32_t op_stream;
+  uint32_t slot;
+} replay_event;
+
+#define REPLAY_FREE_BIT 0x80000000u
+static inline int replay_is_free(replay_event e) { return (e.op_stream & REPLAY_FREE_BIT) != 0; }
+static inline uint32_t replay_stream(replay_event e) { return e.op_stream & ~REPLAY_FREE_BIT; }
+
+typedef struct replay_trace {
+  char *path;
+  char *name;            /* base name without .trace.gz, .gz or .trace   */
+  replay_event *ev;
+  size_t nevents;
+  uint64_t *size;        /* by slot                                      */
+  size_t nslots;         /* allocation events                            */
+  uint32_t nstreams;     /* highest stream number + 1                    */
+  uint64_t peak_live;    /* of the whole trace, requested bytes          */
+  size_t unknown_frees;  /* frees of IDs never allocated: dropped        */
+} replay_trace;
+
+/* Loads path (plain text, or gzip: told by its first two bytes, and
+ * decompressed through `gzip -dc`).  0, or -1 after printing why. */
+int replay_trace_load(const char *path, replay_trace *out);
+void replay_trace_free(replay_trace *t);
+
+enum replay_kind { REPLAY_HOST = 0, REPLAY_DEVICE = 1, REPLAY_PINNED = 2 };
+enum replay_mode { REPLAY_SYNC = 0, REPLAY_ASYNC = 1 };
+enum replay_alloc {
+  REPLAY_MAGPOOL = 0,
+  REPLAY_CUDA_MALLOC_ASYNC,
+  REPLAY_CUDA_MALLOC,
+  REPLAY_CUB,
+  REPLAY_NALLOCS
+};
+
+extern const char *const replay_alloc_names[REPLAY_NALLOCS];
+extern const char *const replay_mode_names[2];
+
+typedef struct replay_opts {
+  enum replay_kind kind;
+  size_t pool_size;
+  size_t cap;
+  int passes;
+  FILE *csv;             /* NULL: no per-event rows                       */
+} replay_opts;
+
+/* The outcome of one pass. */
+enum replay_status {
+  REPLAY_COMPLETED = 0,
+  REPLAY_OOM,            /* allocation event `fail_event` failed          */
+  REPLAY_SKIPPED,        /* this allocator does not run in this setting   */
+  REPLAY_ERROR           /* a free or a CUDA call failed at `fail_event`  */
+};
+
+typedef struct replay_result {
+  enum replay_status status;
+  size_t fail_event;
+  uint64_t peak_live;      /* bytes asked for, live at once, this pass    */
+  uint64_t peak_reserved;  /* bytes the allocator held at most, this pass */
+  uint64_t events;         /* events issued (the failed one included)     */
+  uint64_t ns;             /* wall time of the events                     */
+} replay_result;
+
+/* A runner replays trace t `o->passes` times and fills res[0 .. passes-1].
+ * It returns 0, or -1 after printing why it could not run at all (then
+ * res is not filled). */
+int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
+                       replay_result *res);
+int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
+                                 enum replay_mode mode, replay_result *res);
+int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
+                           replay_result *res);
+int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
+                   replay_result *res);
+
+/* 1 if a CUDA device is usable (and makes its primary context), else 0.
+ * Always 0 in a build without CUDA. */
+int replay_cuda_present(void);
+
+/* CUDA streams for the magpool runner's async mode on DEVICE and PINNED
+ * pools: n non-blocking streams into out[].  0, or -1 after printing why. */
+int replay_cuda_streams_create(void **out, uint32_t n);
+int replay_cuda_streams_sync(void **s, uint32_t n);
+void replay_cuda_streams_destroy(void **s, uint32_t n);
+
+/* ------------------------------------------------------------------ */
+/* Helpers (replay_trace.c)                                           */
+/* ------------------------------------------------------------------ */
+
+uint64_t replay_now_ns(void);
+
+/* One CSV row (the header is written by replay.c). */
+void replay_csv_row(FILE *f, size_t event, uint64_t live, uint64_t reserved, const char *alloc,
+                    const char *trace, int pass);
+
+/* Fills every pass of res with `status` and zeros. */
+void replay_fill(replay_result *res, int passes, enum replay_status status);
+
+#endif /* MAGPOOL_REPLAY_H */

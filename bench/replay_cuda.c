@@ -1,0 +1,398 @@
+/* replay_cuda.c - the CUDA side of magpool-replay: the device probe, CUDA
+ * streams for magpool's async mode, and the three peers.
+ *
+ * The peers run with --kind device only, on device 0; with another kind, or
+ * with no usable GPU, or in a build without CUDA, their rows say
+ * result=skipped (and stderr says why).
+ *
+ *   cudaMallocAsync  the device's default memory pool.  Its release
+ *       threshold is set to UINT64_MAX for the run: at the default (0) the
+ *       pool unmaps everything free at every synchronisation, so pass 2
+ *       would start cold again; with it, what pass 1 took stays mapped, as
+ *       magpool keeps what it mapped.  The pool is trimmed to 0 before
+ *       pass 1 (cold) and after the last pass, and the threshold is then
+ *       set back.  sync mode: every event on the legacy default stream;
+ *       async: one non-blocking stream per trace stream.  peak_reserved:
+ *       cudaMemPoolAttrReservedMemHigh, reset at the start of every pass.
+ *   cudaMalloc  sync only (async rows are result=skipped).  Its footprint
+ *       is what the driver gives out: cudaMemGetInfo is read after every
+ *       allocation, relative to what was free when the pass began.  The
+ *       reading is not timed: each cudaMalloc / cudaFree is timed alone
+ *       with CLOCK_MONOTONIC, and ns_per_event is their sum / events.
+ *   cub  cub::CachingDeviceAllocator with its defaults (replay_cub.h),
+ *       made fresh for pass 1 and kept for the later passes; sync mode on
+ *       the legacy default stream, async on one stream per trace stream.
+ *       peak_reserved: the highest cached + live bytes cub counts, read
+ *       (two loads) after every event inside the timed loop.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "replay.h"
+
+#if BENCH_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include "replay_cub.h"
+
+#define DEV 0
+
+static int check(const char *what, cudaError_t e) {
+  if (e == cudaSuccess) return 0;
+  fprintf(stderr, "magpool-replay: %s: %s (%s)\n", what, cudaGetErrorName(e),
+          cudaGetErrorString(e));
+  return -1;
+}
+
+int replay_cuda_present(void) {
+  static int known = -1;
+  if (known >= 0) return known;
+  int n = 0;
+  known = cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaSetDevice(DEV) == cudaSuccess &&
+          cudaFree(NULL) == cudaSuccess;
+  cudaGetLastError();
+  return known;
+}
+
+int replay_cuda_streams_create(void **out, uint32_t n) {
+  for (uint32_t k = 0; k < n; k++) {
+    cudaStream_t s = NULL;
+    if (check("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)))
+      return -1;
+    out[k] = s;
+  }
+  return 0;
+}
+
+int replay_cuda_streams_sync(void **s, uint32_t n) {
+  int bad = 0;
+  for (uint32_t k = 0; k < n; k++)
+    if (s[k] != NULL && check("cudaStreamSynchronize", cudaStreamSynchronize(s[k]))) bad = -1;
+  return bad;
+}
+
+void replay_cuda_streams_destroy(void **s, uint32_t n) {
+  for (uint32_t k = 0; k < n; k++)
+    if (s[k] != NULL) {
+      check("cudaStreamDestroy", cudaStreamDestroy(s[k]));
+      s[k] = NULL;
+    }
+}
+
+/* Why a peer does not run here, or NULL. */
+static const char *peer_unavailable(const replay_opts *o) {
+  if (o->kind != REPLAY_DEVICE) return "needs --kind device";
+  if (!replay_cuda_present()) return "no usable CUDA device";
+  return NULL;
+}
+
+static enum replay_status cuda_fail_status(cudaError_t e) {
+  cudaGetLastError(); /* an out-of-memory error is not sticky: clear it */
+  return e == cudaErrorMemoryAllocation ? REPLAY_OOM : REPLAY_ERROR;
+}
+
+static void note_error(const replay_trace *t, const char *peer, const replay_result *r,
+                       cudaError_t e) {
+  if (r->status == REPLAY_ERROR)
+    fprintf(stderr, "magpool-replay: %s: %s, event %zu: %s\n", t->name, peer, r->fail_event,
+            cudaGetErrorString(e));
+}
+
+/* Streams for a peer: n non-blocking ones (async), or n legacy ones. */
+static cudaStream_t *peer_streams(const replay_trace *t, enum replay_mode mode) {
+  cudaStream_t *st = calloc(t->nstreams, sizeof *st);
+  if (st == NULL) return NULL;
+  if (mode == REPLAY_ASYNC && replay_cuda_streams_create((void **)st, t->nstreams) != 0) {
+    replay_cuda_streams_destroy((void **)st, t->nstreams);
+    free(st);
+    return NULL;
+  }
+  return st;
+}
+
+static void peer_streams_free(const replay_trace *t, cudaStream_t *st) {
+  if (st == NULL) return;
+  cudaDeviceSynchronize();
+  replay_cuda_streams_destroy((void **)st, t->nstreams);
+  free(st);
+}
+
+/* ------------------------------------------------------------------ */
+/* cudaMallocAsync                                                    */
+/* ------------------------------------------------------------------ */
+
+int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
+                                 enum replay_mode mode, replay_result *res) {
+  const char *why = peer_unavailable(o);
+  if (why != NULL) {
+    fprintf(stderr, "magpool-replay: cudaMallocAsync skipped: %s\n", why);
+    replay_fill(res, o->passes, REPLAY_SKIPPED);
+    return 0;
+  }
+  cudaMemPool_t mp;
+  if (check("cudaDeviceGetDefaultMemPool", cudaDeviceGetDefaultMemPool(&mp, DEV))) return -1;
+  uint64_t old_thr = 0, thr = UINT64_MAX, zero = 0;
+  if (check("cudaMemPoolGetAttribute(ReleaseThreshold)",
+            cudaMemPoolGetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &old_thr)) ||
+      check("cudaMemPoolSetAttribute(ReleaseThreshold)",
+            cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &thr)))
+    return -1;
+  void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
+  cudaStream_t *st = peer_streams(t, mode);
+  int ret = -1;
+  if (ptrs == NULL || st == NULL) goto out;
+  if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
+      check("cudaMemPoolTrimTo", cudaMemPoolTrimTo(mp, 0)))
+    goto out;
+
+  for (int p = 0; p < o->passes; p++) {
+    replay_result *r = &res[p];
+    memset(r, 0, sizeof *r);
+    if (check("cudaMemPoolSetAttribute(ReservedMemHigh)",
+              cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReservedMemHigh, &zero)))
+      goto out;
+    uint64_t live = 0, peak = 0;
+    size_t i, n = t->nevents;
+    cudaError_t e = cudaSuccess;
+    const uint64_t t0 = replay_now_ns();
+    for (i = 0; i < n; i++) {
+      const replay_event ev = t->ev[i];
+      const uint64_t sz = t->size[ev.slot];
+      cudaStream_t s = st[replay_stream(ev)];
+      if (!replay_is_free(ev)) {
+        e = cudaMallocAsync(&ptrs[ev.slot], sz, s);
+        if (e != cudaSuccess) {
+          ptrs[ev.slot] = NULL;
+          r->status = cuda_fail_status(e);
+          break;
+        }
+        live += sz;
+        if (live > peak) peak = live;
+      } else {
+        e = cudaFreeAsync(ptrs[ev.slot], s);
+        if (e != cudaSuccess) {
+          r->status = cuda_fail_status(e);
+          break;
+        }
+        ptrs[ev.slot] = NULL;
+        live -= sz;
+      }
+      if (o->csv != NULL) {
+        uint64_t cur = 0;
+        cudaMemPoolGetAttribute(mp, cudaMemPoolAttrReservedMemCurrent, &cur);
+        replay_csv_row(o->csv, i, live, cur, "cudaMallocAsync", t->name, p + 1);
+      }
+    }
+    r->ns = replay_now_ns() - t0;
+    r->events = i < n ? i + 1 : n;
+    r->fail_event = i;
+    r->peak_live = peak;
+    note_error(t, "cudaMallocAsync", r, e);
+    uint64_t high = 0;
+    cudaMemPoolGetAttribute(mp, cudaMemPoolAttrReservedMemHigh, &high);
+    r->peak_reserved = high;
+    if (check("cudaDeviceSynchronize", cudaDeviceSynchronize())) goto out;
+    for (size_t k = 0; k < t->nslots; k++)
+      if (ptrs[k] != NULL) {
+        check("cudaFreeAsync", cudaFreeAsync(ptrs[k], 0));
+        ptrs[k] = NULL;
+      }
+    if (check("cudaDeviceSynchronize", cudaDeviceSynchronize())) goto out;
+  }
+  ret = 0;
+out:
+  peer_streams_free(t, st);
+  free(ptrs);
+  cudaMemPoolTrimTo(mp, 0);
+  cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &old_thr);
+  return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* cudaMalloc                                                         */
+/* ------------------------------------------------------------------ */
+
+int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
+                           replay_result *res) {
+  const char *why = mode == REPLAY_ASYNC ? "sync mode only" : peer_unavailable(o);
+  if (why != NULL) {
+    fprintf(stderr, "magpool-replay: cudaMalloc skipped: %s\n", why);
+    replay_fill(res, o->passes, REPLAY_SKIPPED);
+    return 0;
+  }
+  void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
+  if (ptrs == NULL) return -1;
+  for (int p = 0; p < o->passes; p++) {
+    replay_result *r = &res[p];
+    memset(r, 0, sizeof *r);
+    size_t free0 = 0, total = 0, f = 0;
+    if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
+        check("cudaMemGetInfo", cudaMemGetInfo(&free0, &total))) {
+      free(ptrs);
+      return -1;
+    }
+    uint64_t live = 0, peak = 0, peak_res = 0, ns = 0, taken = 0;
+    size_t i, n = t->nevents;
+    cudaError_t e = cudaSuccess;
+    for (i = 0; i < n; i++) {
+      const replay_event ev = t->ev[i];
+      const uint64_t sz = t->size[ev.slot];
+      const uint64_t t0 = replay_now_ns();
+      if (!replay_is_free(ev)) {
+        e = cudaMalloc(&ptrs[ev.slot], sz);
+        ns += replay_now_ns() - t0;
+        if (e != cudaSuccess) {
+          ptrs[ev.slot] = NULL;
+          r->status = cuda_fail_status(e);
+          break;
+        }
+        live += sz;
+        if (live > peak) peak = live;
+        /* Sampled outside the timed call. */
+        if (cudaMemGetInfo(&f, &total) == cudaSuccess) taken = f < free0 ? free0 - f : 0;
+        if (taken > peak_res) peak_res = taken;
+      } else {
+        e = cudaFree(ptrs[ev.slot]);
+        ns += replay_now_ns() - t0;
+        if (e != cudaSuccess) {
+          r->status = cuda_fail_status(e);
+          break;
+        }
+        ptrs[ev.slot] = NULL;
+        live -= sz;
+        if (o->csv != NULL && cudaMemGetInfo(&f, &total) == cudaSuccess)
+          taken = f < free0 ? free0 - f : 0;
+      }
+      if (o->csv != NULL) replay_csv_row(o->csv, i, live, taken, "cudaMalloc", t->name, p + 1);
+    }
+    r->ns = ns;
+    r->events = i < n ? i + 1 : n;
+    r->fail_event = i;
+    r->peak_live = peak;
+    r->peak_reserved = peak_res;
+    note_error(t, "cudaMalloc", r, e);
+    for (size_t k = 0; k < t->nslots; k++)
+      if (ptrs[k] != NULL) {
+        check("cudaFree", cudaFree(ptrs[k]));
+        ptrs[k] = NULL;
+      }
+  }
+  free(ptrs);
+  return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* cub                                                                */
+/* ------------------------------------------------------------------ */
+
+int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
+                   replay_result *res) {
+  const char *why = peer_unavailable(o);
+  if (why != NULL) {
+    fprintf(stderr, "magpool-replay: cub skipped: %s\n", why);
+    replay_fill(res, o->passes, REPLAY_SKIPPED);
+    return 0;
+  }
+  replay_cub *cub = NULL;
+  if (check("cub create", (cudaError_t)replay_cub_create(DEV, &cub))) return -1;
+  const size_t *cached, *livec;
+  replay_cub_counters(cub, &cached, &livec);
+  void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
+  cudaStream_t *st = peer_streams(t, mode);
+  int ret = -1;
+  if (ptrs == NULL || st == NULL) goto out;
+
+  for (int p = 0; p < o->passes; p++) {
+    replay_result *r = &res[p];
+    memset(r, 0, sizeof *r);
+    uint64_t live = 0, peak = 0, peak_res = *cached + *livec;
+    size_t i, n = t->nevents;
+    cudaError_t e = cudaSuccess;
+    const uint64_t t0 = replay_now_ns();
+    for (i = 0; i < n; i++) {
+      const replay_event ev = t->ev[i];
+      const uint64_t sz = t->size[ev.slot];
+      if (!replay_is_free(ev)) {
+        e = (cudaError_t)replay_cub_alloc(cub, &ptrs[ev.slot], sz,
+                                          (struct CUstream_st *)st[replay_stream(ev)]);
+        if (e != cudaSuccess) {
+          ptrs[ev.slot] = NULL;
+          r->status = cuda_fail_status(e);
+          break;
+        }
+        live += sz;
+        if (live > peak) peak = live;
+      } else {
+        e = (cudaError_t)replay_cub_free(cub, ptrs[ev.slot]);
+        if (e != cudaSuccess) {
+          r->status = cuda_fail_status(e);
+          break;
+        }
+        ptrs[ev.slot] = NULL;
+        live -= sz;
+      }
+      const uint64_t held = *cached + *livec;
+      if (held > peak_res) peak_res = held;
+      if (o->csv != NULL) replay_csv_row(o->csv, i, live, held, "cub", t->name, p + 1);
+    }
+    r->ns = replay_now_ns() - t0;
+    r->events = i < n ? i + 1 : n;
+    r->fail_event = i;
+    r->peak_live = peak;
+    r->peak_reserved = peak_res;
+    note_error(t, "cub", r, e);
+    if (check("cudaDeviceSynchronize", cudaDeviceSynchronize())) goto out;
+    for (size_t k = 0; k < t->nslots; k++)
+      if (ptrs[k] != NULL) {
+        check("cub DeviceFree", (cudaError_t)replay_cub_free(cub, ptrs[k]));
+        ptrs[k] = NULL;
+      }
+  }
+  ret = 0;
+out:
+  peer_streams_free(t, st);
+  free(ptrs);
+  check("cub destroy", (cudaError_t)replay_cub_destroy(cub));
+  return ret;
+}
+
+#else /* !BENCH_HAVE_CUDA */
+
+int replay_cuda_present(void) { return 0; }
+
+int replay_cuda_streams_create(void **out, uint32_t n) {
+  (void)out, (void)n;
+  fprintf(stderr, "magpool-replay: CUDA streams: built without CUDA\n");
+  return -1;
+}
+
+int replay_cuda_streams_sync(void **s, uint32_t n) {
+  (void)s, (void)n;
+  return 0;
+}
+
+void replay_cuda_streams_destroy(void **s, uint32_t n) { (void)s, (void)n; }
+
+static int skipped(const char *peer, const replay_trace *t, const replay_opts *o,
+                   enum replay_mode mode, replay_result *res) {
+  (void)t, (void)mode;
+  fprintf(stderr, "magpool-replay: %s skipped: built without CUDA\n", peer);
+  replay_fill(res, o->passes, REPLAY_SKIPPED);
+  return 0;
+}
+
+int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
+                                 enum replay_mode mode, replay_result *res) {
+  return skipped("cudaMallocAsync", t, o, mode, res);
+}
+int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
+                           replay_result *res) {
+  return skipped("cudaMalloc", t, o, mode, res);
+}
+int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
+                   replay_result *res) {
+  return skipped("cub", t, o, mode, res);
+}
+
+#endif

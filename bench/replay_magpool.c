@@ -1,0 +1,178 @@
+/* replay_magpool.c - replaying a trace on a magpool pool.
+ *
+ * The pool: magpool_config_init, then pool_size, allow_growth = 1,
+ * max_pool_size = --cap (0: the default, no limit), kind.  It is created
+ * before pass 1 (cold) and kept for the later passes (warm).  Between two
+ * passes the streams are synchronised and whatever the trace left live is
+ * freed; the pool is NOT trimmed, so what it mapped stays mapped.  Each
+ * pass starts with magpool_reset_peaks, and its peak_reserved is
+ * peak_reserved_bytes read once the pass is over.
+ *
+ * sync:  magpool_alloc / magpool_free.
+ * async: one stream per trace stream number (host streams on HOST pools,
+ *        non-blocking CUDA streams on DEVICE and PINNED pools);
+ *        magpool_alloc_async on the allocation's stream,
+ *        magpool_free_async on the free's own stream.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "magpool.h"
+#include "replay.h"
+
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* One pass.  `async` and `csv != NULL` are constants at every call site,
+ * so the timed loop has no test for them. */
+static inline __attribute__((always_inline)) void
+mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptrs, int async,
+        FILE *csv, int pass, replay_result *r) {
+  const replay_event *ev = t->ev;
+  const uint64_t *size = t->size;
+  const size_t n = t->nevents;
+  uint64_t live = 0, peak = 0;
+  size_t i;
+  r->status = REPLAY_COMPLETED;
+  const uint64_t t0 = replay_now_ns();
+  for (i = 0; i < n; i++) {
+    const replay_event e = ev[i];
+    const uint64_t sz = size[e.slot];
+    if (!replay_is_free(e)) {
+      void *p = async ? magpool_alloc_async(pool, sz, st[replay_stream(e)])
+                      : magpool_alloc(pool, sz);
+      if (UNLIKELY(p == NULL)) {
+        r->status = magpool_last_error() == MAGPOOL_ENOMEM ? REPLAY_OOM : REPLAY_ERROR;
+        break;
+      }
+      ptrs[e.slot] = p;
+      live += sz;
+      if (live > peak) peak = live;
+    } else {
+      int rc = async ? magpool_free_async(pool, ptrs[e.slot], st[replay_stream(e)])
+                     : magpool_free(pool, ptrs[e.slot]);
+      if (UNLIKELY(rc != 0)) {
+        r->status = REPLAY_ERROR;
+        break;
+      }
+      ptrs[e.slot] = NULL;
+      live -= sz;
+    }
+    if (csv != NULL) {
+      size_t total = 0;
+      magpool_mem_info(pool, NULL, &total);
+      replay_csv_row(csv, i, live, total, "magpool", t->name, pass);
+    }
+  }
+  const uint64_t t1 = replay_now_ns();
+  r->ns = t1 - t0;
+  r->events = i < n ? i + 1 : n;
+  r->fail_event = i;
+  r->peak_live = peak;
+}
+
+static int streams_sync(magpool_stream_t *st, uint32_t n, int cuda) {
+  if (cuda) return replay_cuda_streams_sync((void **)st, n);
+  int bad = 0;
+  for (uint32_t k = 0; k < n; k++)
+    if (st[k] != NULL && magpool_host_stream_sync(st[k]) != 0) bad = -1;
+  return bad;
+}
+
+static void streams_destroy(magpool_t *pool, magpool_stream_t *st, uint32_t n, int cuda) {
+  if (st == NULL) return;
+  streams_sync(st, n, cuda);
+  for (uint32_t k = 0; k < n; k++)
+    if (st[k] != NULL && pool != NULL) magpool_stream_release(pool, st[k]);
+  if (cuda) {
+    replay_cuda_streams_destroy((void **)st, n);
+  } else {
+    for (uint32_t k = 0; k < n; k++)
+      if (st[k] != NULL) magpool_host_stream_destroy(st[k]);
+  }
+}
+
+static int streams_create(magpool_stream_t *st, uint32_t n, int cuda) {
+  if (cuda) return replay_cuda_streams_create((void **)st, n);
+  for (uint32_t k = 0; k < n; k++) {
+    int rc = magpool_host_stream_create(&st[k]);
+    if (rc != 0) {
+      fprintf(stderr, "magpool-replay: magpool_host_stream_create: %s\n", magpool_strerror(rc));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
+                       replay_result *res) {
+  const int async = mode == REPLAY_ASYNC;
+  const int cuda = o->kind != REPLAY_HOST;
+  magpool_t *pool = NULL;
+  magpool_stream_t *st = NULL;
+  void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
+  int ret = -1;
+  if (ptrs == NULL) {
+    fprintf(stderr, "magpool-replay: out of memory\n");
+    return -1;
+  }
+  if (async) {
+    st = calloc(t->nstreams, sizeof *st);
+    if (st == NULL || streams_create(st, t->nstreams, cuda) != 0) goto out;
+  }
+
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.pool_size = o->pool_size;
+  cfg.allow_growth = 1;
+  if (o->cap != 0) cfg.max_pool_size = o->cap;
+  cfg.kind = o->kind == REPLAY_DEVICE   ? MAGPOOL_MEM_DEVICE
+             : o->kind == REPLAY_PINNED ? MAGPOOL_MEM_PINNED
+                                        : MAGPOOL_MEM_HOST;
+  int rc = magpool_create(&cfg, &pool);
+  if (rc != 0) {
+    fprintf(stderr, "magpool-replay: magpool_create (pool size %zu, cap %zu): %s\n",
+            o->pool_size, o->cap, magpool_strerror(rc));
+    pool = NULL;
+    goto out;
+  }
+
+  for (int p = 0; p < o->passes; p++) {
+    replay_result *r = &res[p];
+    memset(r, 0, sizeof *r);
+    magpool_reset_peaks(pool);
+    if (async) {
+      if (o->csv) mp_pass(t, pool, st, ptrs, 1, o->csv, p + 1, r);
+      else mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r);
+    } else {
+      if (o->csv) mp_pass(t, pool, st, ptrs, 0, o->csv, p + 1, r);
+      else mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r);
+    }
+    magpool_stats_t s;
+    if (magpool_get_stats(pool, &s) == 0) r->peak_reserved = s.peak_reserved_bytes;
+    if (r->status == REPLAY_ERROR)
+      fprintf(stderr, "magpool-replay: %s: magpool, event %zu: %s\n", t->name, r->fail_event,
+              magpool_strerror(replay_is_free(t->ev[r->fail_event]) ? MAGPOOL_EINVAL
+                                                                     : magpool_last_error()));
+    /* Between passes (not timed): let the streams pass their frees, then
+     * free what is still live.  No trim: the pool stays warm. */
+    if (async && streams_sync(st, t->nstreams, cuda) != 0) {
+      fprintf(stderr, "magpool-replay: synchronising the streams failed\n");
+      goto out;
+    }
+    for (size_t k = 0; k < t->nslots; k++)
+      if (ptrs[k] != NULL) {
+        if (magpool_free(pool, ptrs[k]) != 0)
+          fprintf(stderr, "magpool-replay: %s: freeing a live block after the pass failed\n",
+                  t->name);
+        ptrs[k] = NULL;
+      }
+  }
+  ret = 0;
+out:
+  streams_destroy(pool, st, async ? t->nstreams : 0, cuda);
+  if (pool != NULL) magpool_destroy(pool);
+  free(st);
+  free(ptrs);
+  return ret;
+}

@@ -1,0 +1,99 @@
+#!/bin/sh
+# tests/replay/replay_test.sh - ctest driver for magpool-replay.
+#
+#   replay_test.sh smoke     REPLAY_BIN TRACE_DIR
+#   replay_test.sh footprint REPLAY_BIN TRACE_DIR
+#
+# smoke: tiny.trace (50 events, 2 streams, written by hand) on a HOST pool,
+#   sync and async, 2 passes: every REPLAY line matches the output
+#   contract, every pass completes with peak_live = 537813 (the peak worked
+#   out by hand in the trace's comments) and peak_reserved >= peak_live;
+#   the same trace gzipped gives the same peak_live; a cap below the peak
+#   ends each pass with oom@K at or before event 12 (the 256 KiB request
+#   that cannot fit beside what is live); a bad argument exits 2.
+# footprint: the three recorded traces on a HOST pool, sync and async,
+#   2 passes: every pass completes and its ratio is within the trace's
+#   bound (gpt2_train_small 1.10, resnet50_train 1.05,
+#   multistream_serve 1.03).
+# Nothing here asserts a timing.
+set -u
+mode=$1 bin=$2 dir=$3
+fails=0
+fail() {
+  echo "FAIL: $*"
+  fails=$((fails + 1))
+}
+
+re='^REPLAY trace=[^ ]+ allocator=(magpool|cudaMallocAsync|cudaMalloc|cub) mode=(sync|async) pass=[0-9]+ peak_live=[0-9]+ peak_reserved=[0-9]+ ratio=[0-9]+\.[0-9]{3} ns_per_event=[0-9]+\.[0-9] result=(completed|oom@[0-9]+)$'
+
+# run ARGS...: runs the replay, echoes its output, leaves it in $out.
+run() {
+  out=$("$bin" "$@" 2>&1)
+  rc=$?
+  printf '%s\n' "$out"
+  [ "$rc" -eq 0 ] || fail "exit status $rc: $*"
+}
+
+# check_lines EXPECTED_COUNT: the REPLAY lines of $out all match the
+# contract, and there are EXPECTED_COUNT of them.
+check_lines() {
+  n=$(printf '%s\n' "$out" | grep -c '^REPLAY ')
+  [ "$n" -eq "$1" ] || fail "$n REPLAY lines, expected $1"
+  bad=$(printf '%s\n' "$out" | grep '^REPLAY ' | grep -Evc "$re")
+  [ "$bad" -eq 0 ] || fail "$bad REPLAY lines do not match the contract"
+  printf '%s\n' "$out" | grep -q '^SUMMARY trace=' || fail "no SUMMARY line"
+}
+
+field() { # field NAME LINE
+  printf '%s\n' "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"
+}
+
+case $mode in
+smoke)
+  tmp=$(mktemp -d) || exit 1
+  trap 'rm -rf "$tmp"' EXIT
+  gzip -c "$dir/tiny.trace" > "$tmp/tinygz.trace.gz"
+  for m in sync async; do
+    for t in "$dir/tiny.trace" "$tmp/tinygz.trace.gz"; do
+      run "$t" --kind host --mode "$m" --passes 2
+      check_lines 2
+      printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+        [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
+        [ "$(field peak_live "$line")" = 537813 ] || echo "FAIL: peak_live: $line"
+        [ "$(field peak_reserved "$line")" -ge 537813 ] || echo "FAIL: peak_reserved: $line"
+      done | grep FAIL && fail "tiny, $m"
+    done
+    printf '%s\n' "$out" | grep -q '^REPLAY trace=tinygz ' || fail "trace name of a .trace.gz"
+    run "$dir/tiny.trace" --kind host --mode "$m" --pool-size 64K --cap 256K
+    check_lines 2
+    for k in $(printf '%s\n' "$out" | sed -n 's/^REPLAY .* result=oom@\([0-9]*\)$/\1/p'); do
+      [ "$k" -le 12 ] || fail "oom at event $k, after event 12"
+    done
+    [ "$(printf '%s\n' "$out" | grep -c '^REPLAY .* result=oom@')" -eq 2 ] || fail "cap: no oom in a pass"
+  done
+  "$bin" "$dir/tiny.trace" --kind nowhere > /dev/null 2>&1
+  [ $? -eq 2 ] || fail "a bad --kind does not exit 2"
+  "$bin" "$dir/tiny.trace" --pool-size 3X > /dev/null 2>&1
+  [ $? -eq 2 ] || fail "a bad size does not exit 2"
+  ;;
+footprint)
+  for m in sync async; do
+    for spec in gpt2_train_small:1.10 resnet50_train:1.05 multistream_serve:1.03; do
+      name=${spec%%:*} bound=${spec#*:}
+      run "$dir/$name.trace.gz" --kind host --mode "$m" --passes 2
+      check_lines 2
+      printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+        [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
+        awk -v r="$(field ratio "$line")" -v b="$bound" 'BEGIN { exit !(r <= b) }' ||
+          echo "FAIL: ratio above $bound: $line"
+      done | grep FAIL && fail "$name, $m"
+    done
+  done
+  ;;
+*)
+  echo "usage: $0 smoke|footprint REPLAY_BIN TRACE_DIR" >&2
+  exit 2
+  ;;
+esac
+[ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
+echo "replay $mode: all checks passed"
