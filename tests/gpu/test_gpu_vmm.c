@@ -3,8 +3,9 @@
  * through the source tables of src/internal.h.
  *
  * For each source: a 1 GiB range of 2 MiB chunks, aligned to its size; a
- * run of 3 chunks mapped, written with cudaMemset (and, pinned, by the
- * host) and read back; the middle chunk unmapped and kept, a chunk mapped
+ * run of 3 chunks mapped, written and read back (device: cudaMemset and a
+ * copy; pinned: a kernel writes and the host reads at the same address,
+ * the host writes and a kernel reads, vmm_kernels.cu); the middle chunk unmapped and kept, a chunk mapped
  * elsewhere with the kept memory (no create: the source's counters say
  * so), written and read; unmap without keep frees; bad input (unaligned,
  * outside the range, already mapped, not mapped, zero, a run over the
@@ -91,26 +92,36 @@ static void check_fill(const char *what, void *p, size_t n, unsigned char byte) 
   free(h);
 }
 
-/* Pinned memory: the host writes, the device copies it out; the device
- * writes, the host reads it in place. */
-static void check_host_access(const char *what, unsigned char *p, size_t n) {
-  memset(p, 0x3c, n);
-  unsigned char *h = malloc(n);
-  REQUIRE(h != NULL, "malloc");
-  void *d = NULL;
-  CK(cudaMalloc(&d, n));
-  CK(cudaMemcpy(d, p, n, cudaMemcpyDefault)); /* read by the copy engine */
-  CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
+/* vmm_kernels.cu: kernels that touch memory through its device address. */
+int vmm_kernel_fill(void *p, size_t n, unsigned char v);
+int vmm_kernel_count(const void *p, size_t n, unsigned char v, unsigned long long *bad);
+
+#define KK(x)                                                                  \
+  do {                                                                         \
+    int e_ = (x);                                                              \
+    REQUIRE(e_ == 0, "%s", cudaGetErrorString((cudaError_t)e_));               \
+  } while (0)
+
+/* Pinned memory, from both sides at the same address: a kernel writes, the
+ * host reads in place; the host writes, a kernel counts. */
+static void check_pinned(const char *what, void *p, size_t n, unsigned char byte) {
+  unsigned char *h = p;
+  KK(vmm_kernel_fill(p, n, byte));
   size_t bad = 0;
-  for (size_t i = 0; i < n; i++) bad += h[i] != 0x3c;
-  EXPECT(bad == 0, "%s: device read %zu bad bytes of host writes", what, bad);
-  CK(cudaMemset(p, 0xc3, n));
-  CK(cudaDeviceSynchronize());
-  bad = 0;
-  for (size_t i = 0; i < n; i++) bad += p[i] != 0xc3;
+  for (size_t i = 0; i < n; i++) bad += h[i] != byte;
   EXPECT(bad == 0, "%s: host read %zu bad bytes of device writes", what, bad);
-  CK(cudaFree(d));
-  free(h);
+  memset(h, (unsigned char)~byte, n);
+  unsigned long long dbad = 0;
+  KK(vmm_kernel_count(p, n, (unsigned char)~byte, &dbad));
+  EXPECT(dbad == 0, "%s: device read %llu bad bytes of host writes", what, dbad);
+  memset(h, byte, n);
+}
+
+/* Fills [p, p + n) with `byte` and checks it: the device source with
+ * cudaMemset and a copy back, the pinned one from both sides. */
+static void fill(int pinned, const char *what, void *p, size_t n, unsigned char byte) {
+  if (pinned) check_pinned(what, p, n, byte);
+  else check_fill(what, p, n, byte);
 }
 
 /* Every bad call answers EINVAL and leaves the counters as they were. */
@@ -230,9 +241,9 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   if (!pinned)
     EXPECT(dev_free() + 6 * MiB <= free0 + 2 * MiB, "%s: 6 MiB mapped, free memory barely moved",
            ops->name);
-  check_fill("run of 3", run, 3 * chunk, 0xa5);
-  if (pinned) check_host_access("run of 3", (unsigned char *)run, 3 * chunk);
-  CK(cudaMemset(run, 0xa5, 3 * chunk));
+  fill(pinned, "run of 3", run, 3 * chunk, 0xa5);
+  /* Nothing may run on a chunk while it is unmapped (cuMemUnmap does not
+   * wait for it: a kernel still writing faults); fill() has waited. */
 
   /* The middle chunk unmapped and kept; a chunk mapped elsewhere takes it. */
   rc = ops->unmap(ctx, run + chunk, chunk, 1);
@@ -247,11 +258,13 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   EXPECT(c.creates == 3 && c.reuses == 1 && c.kept == 0 && c.mapped == 3,
          "%s: the move created memory: creates %llu reuses %llu kept %llu", ops->name,
          (unsigned long long)c.creates, (unsigned long long)c.reuses, (unsigned long long)c.kept);
-  check_fill("moved chunk", far, chunk, 0x5a);
-  if (pinned) check_host_access("moved chunk", (unsigned char *)far, chunk);
+  fill(pinned, "moved chunk", far, chunk, 0x5a);
   /* The neighbours of the hole kept their bytes. */
-  check_fill("first chunk", run, chunk, 0xa5);
-  check_fill("third chunk", run + 2 * chunk, chunk, 0xa5);
+  unsigned long long nb = 0;
+  KK(vmm_kernel_count(run, chunk, 0xa5, &nb));
+  EXPECT(nb == 0, "%s: first chunk lost %llu bytes", ops->name, nb);
+  KK(vmm_kernel_count(run + 2 * chunk, chunk, 0xa5, &nb));
+  EXPECT(nb == 0, "%s: third chunk lost %llu bytes", ops->name, nb);
 
   check_bad_input(ops, ctx, base, size, chunk, gran);
 
@@ -269,7 +282,7 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   c = counts(ctx);
   EXPECT(c.creates == 4 && c.reuses == 2 && c.mapped == 3, "%s: refill: creates %llu reuses %llu",
          ops->name, (unsigned long long)c.creates, (unsigned long long)c.reuses);
-  check_fill("refilled run", run, 3 * chunk, 0x77);
+  fill(pinned, "refilled run", run, 3 * chunk, 0x77);
   /* One more kept, so that va_release finds both mapped and kept memory. */
   EXPECT(ops->unmap(ctx, run, chunk, 1) == 0, "%s: keep first", ops->name);
 
@@ -290,7 +303,7 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   rc = ops->reserve(ctx, 4 * MiB, &whole);
   EXPECT(rc == 0 && whole != NULL, "%s: reserve: rc %d", ops->name, rc);
   if (rc == 0) {
-    check_fill("whole region", whole, 4 * MiB, 0x11);
+    fill(pinned, "whole region", whole, 4 * MiB, 0x11);
     EXPECT(ops->release(ctx, whole, 4 * MiB) == 0, "%s: release", ops->name);
   }
 
