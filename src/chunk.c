@@ -45,7 +45,7 @@
 #include <unistd.h>
 
 /* Chunks the budget allows beyond the busy high-water mark, at least. */
-#define MP_CHUNK_SLACK_MIN 16
+#define MP_CHUNK_SLACK_MIN 8
 
 static inline pthread_mutex_t *lock_of(mp_chunks *c) { return c->lock; }
 
@@ -142,7 +142,8 @@ static uint64_t count_empty(mp_chunks *c, uint64_t enough) {
 static bool returning_covers(const magpool_t *pool, size_t bytes) {
   int64_t r = mp_load_relaxed(&pool->retire.pending_bytes) +
               mp_load_relaxed(&pool->retire.ready_bytes);
-  return r > 0 && (size_t)r >= bytes;
+  (void)bytes;
+  return r >= (int64_t)pool->chunks->chunk;
 }
 
 /* Makes room for n more mapped chunks under the budget, by unmapping
@@ -213,10 +214,21 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, boo
   mp_chunks *c = pool->chunks;
   extent e = extent_of(pool, p, order, need);
   if (mp_block_bytes(pool, order) >= c->chunk) mp_store_relaxed(&c->ext[e.first], (uint32_t)e.n);
+  uint64_t fresh = 0;
   for (uint64_t i = e.first; i < e.first + e.n; i++)
-    if (mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0)
-      mp_max_relaxed_u64(&c->hwm, mp_fetch_add_relaxed(&c->nbusy, 1) + 1);
+    fresh += mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0;
   mp_fetch_add_relaxed(&c->ext_out, (e.n * e.units) << pool->min_shift);
+  if (fresh != 0) {
+    uint64_t nb = mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
+    /* A new high-water mark raises the budget for good: not while stream
+     * frees on their way back could keep it where it is (the caller
+     * waits for them, then asks again with grow). */
+    if (nb > mp_load_relaxed(&c->hwm) && !grow && returning_covers(pool, c->chunk)) {
+      busy_sub(pool, &e);
+      return MP_EGROW;
+    }
+    mp_max_relaxed_u64(&c->hwm, nb);
+  }
   MP_HOOK(MP_HOOK_CHUNK_TAKE, c->base + (e.first << c->shift));
   uint64_t i = e.first;
   while (i < e.first + e.n && mp_load_seq_cst(&c->state[i]) == MP_CHUNK_MAPPED) i++;
@@ -289,6 +301,7 @@ int mp_chunks_init(magpool_t *pool) {
   const magpool_config_t *cfg = &pool->cfg;
   if (src->map == NULL) return MAGPOOL_ENOTSUP;
   size_t gran = src->granularity != NULL ? src->granularity(pool->src_ctx) : 4096;
+  if (gran == 0) return MAGPOOL_ENOTSUP; /* this device cannot map chunks */
   size_t chunk = cfg->chunk_size;
   if (chunk < gran) chunk = gran;
   if (chunk < cfg->min_block || cfg->pool_size % chunk != 0) return MAGPOOL_ENOTSUP;

@@ -42,6 +42,19 @@ void mp_stream_failing_arm(long countdown, int status);
 extern const mp_source_ops mp_source_device;
 extern const mp_source_ops mp_source_pinned;
 
+/* Chunk counters of a DEVICE or PINNED source (source_vmm.c keeps them),
+ * for tests and benchmarks.  Counts since open, except `mapped` and
+ * `kept` (now).  Call it where map/unmap may not run (types.h: the
+ * pool's map lock).  MAGPOOL_EINVAL if ctx or out is NULL. */
+typedef struct mp_chunk_counts {
+  uint64_t creates;  /* physical chunks created                        */
+  uint64_t releases; /* physical chunks freed                          */
+  uint64_t reuses;   /* chunks mapped with kept memory (no create)     */
+  uint64_t mapped;   /* chunks mapped now                              */
+  uint64_t kept;     /* chunks kept for the next map now               */
+} mp_chunk_counts;
+int mp_source_chunk_counts(void *src_ctx, mp_chunk_counts *out);
+
 /* ----------------------------------------------------------- stream_host.c */
 /* Host streams (public API in magpool.h), and their ordering ops. */
 extern const mp_stream_ops mp_host_stream_ops;

@@ -284,7 +284,7 @@ void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size
         mp_retire_drain(pool, &tc->acct);
         /* A chunked pool maps more memory only once stream frees that
          * could cover the request are back (then rung 1 may create). */
-        if (pool->chunks != NULL && returning(pool) >= (int64_t)request_cost(pool, order, size)) {
+        if (pool->chunks != NULL && returning(pool) >= (int64_t)pool->chunks->chunk) {
           mp_streams_wait_pending(pool);
           mp_retire_drain(pool, &tc->acct);
           mp_regions_coalesce(pool);

@@ -1,7 +1,11 @@
-/* source_cuda.c - CUDA memory sources: device memory (cudaMalloc) and
- * pinned host memory (cudaHostAlloc).  Built in every configuration; with
- * no CUDA in the build they fail with MAGPOOL_ENODEV at open.  Layer 1. */
+/* source_cuda.c - CUDA memory sources: device memory and pinned host
+ * memory.  Whole regions come from cudaMalloc and cudaHostAlloc (reserve,
+ * release); address ranges mapped per chunk from the driver's virtual
+ * memory management calls (va_reserve ... unmap, in source_vmm.c).  Built
+ * in every configuration; with no CUDA in the build they fail with
+ * MAGPOOL_ENODEV at open.  Layer 1. */
 #include "internal.h"
+#include "source_vmm.h"
 
 #include <stdlib.h>
 
@@ -10,6 +14,7 @@
 
 typedef struct cuda_ctx {
   int device;
+  mp_vmm *vmm; /* chunk mapping (source_vmm.c) */
 } cuda_ctx;
 
 /* Maps a CUDA error to a magpool code and remembers it. */
@@ -30,7 +35,7 @@ static int cuda_err(cudaError_t e) {
   }
 }
 
-static int cuda_open(void **ctx, const magpool_config_t *cfg) {
+static int cuda_open(void **ctx, const magpool_config_t *cfg, int host) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -43,11 +48,46 @@ static int cuda_open(void **ctx, const magpool_config_t *cfg) {
   cuda_ctx *c = calloc(1, sizeof *c);
   if (c == NULL) return MAGPOOL_ENOMEM;
   c->device = cfg->device;
+  int rc = mp_vmm_open(&c->vmm, c->device, host);
+  if (rc) {
+    free(c);
+    return rc;
+  }
   *ctx = c;
   return 0;
 }
 
-static void cuda_close(void *ctx) { free(ctx); }
+static int device_open(void **ctx, const magpool_config_t *cfg) { return cuda_open(ctx, cfg, 0); }
+static int pinned_open(void **ctx, const magpool_config_t *cfg) { return cuda_open(ctx, cfg, 1); }
+
+static void cuda_close(void *ctx) {
+  cuda_ctx *c = ctx;
+  if (c == NULL) return;
+  mp_vmm_close(c->vmm);
+  free(c);
+}
+
+/* Chunk mapping: the same for both sources (the memory's kind was chosen
+ * at open). */
+static size_t cuda_granularity(void *ctx) { return mp_vmm_granularity(((cuda_ctx *)ctx)->vmm); }
+static int cuda_va_reserve(void *ctx, size_t size, size_t chunk, void **base) {
+  return mp_vmm_va_reserve(((cuda_ctx *)ctx)->vmm, size, chunk, base);
+}
+static int cuda_va_release(void *ctx, void *base, size_t size) {
+  return mp_vmm_va_release(((cuda_ctx *)ctx)->vmm, base, size);
+}
+static int cuda_map(void *ctx, void *addr, size_t bytes) {
+  return mp_vmm_map(((cuda_ctx *)ctx)->vmm, addr, bytes);
+}
+static int cuda_unmap(void *ctx, void *addr, size_t bytes, int keep) {
+  return mp_vmm_unmap(((cuda_ctx *)ctx)->vmm, addr, bytes, keep);
+}
+
+int mp_source_chunk_counts(void *ctx, mp_chunk_counts *out) {
+  if (ctx == NULL || out == NULL) return MAGPOOL_EINVAL;
+  mp_vmm_counts(((cuda_ctx *)ctx)->vmm, out);
+  return 0;
+}
 
 /* Runs with the pool's device current, restoring the caller's. */
 static int with_device(cuda_ctx *c, int *saved) {
@@ -103,14 +143,34 @@ static int pinned_release(void *ctx, void *base, size_t size) {
   return cuda_err(cudaFreeHost(base));
 }
 
+/* The device's memory: the default cap of a growing DEVICE pool. */
+static size_t device_capacity(void *ctx) {
+  cuda_ctx *c = ctx;
+  int saved;
+  if (with_device(c, &saved) != 0) return 0;
+  size_t fr = 0, total = 0;
+  if (cudaMemGetInfo(&fr, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    total = 0;
+  }
+  restore_device(c, saved);
+  return total;
+}
+
 const mp_source_ops mp_source_device = {
   .name = "device",
+  .capacity = device_capacity,
   .reserve = device_reserve,
   .release = device_release,
   .commit = NULL,
   .decommit = NULL,
-  .open = cuda_open,
+  .open = device_open,
   .close = cuda_close,
+  .granularity = cuda_granularity,
+  .va_reserve = cuda_va_reserve,
+  .va_release = cuda_va_release,
+  .map = cuda_map,
+  .unmap = cuda_unmap,
 };
 
 const mp_source_ops mp_source_pinned = {
@@ -119,11 +179,17 @@ const mp_source_ops mp_source_pinned = {
   .release = pinned_release,
   .commit = NULL,
   .decommit = NULL,
-  .open = cuda_open,
+  .open = pinned_open,
   .close = cuda_close,
+  .granularity = cuda_granularity,
+  .va_reserve = cuda_va_reserve,
+  .va_release = cuda_va_release,
+  .map = cuda_map,
+  .unmap = cuda_unmap,
 };
 
-#else /* no CUDA in this build */
+#else /* no CUDA in this build: open fails, so no other op is reached;
+        * each still answers MAGPOOL_ENODEV (granularity: 0) */
 
 static int nocuda_open(void **ctx, const magpool_config_t *cfg) {
   (void)ctx;
@@ -131,24 +197,46 @@ static int nocuda_open(void **ctx, const magpool_config_t *cfg) {
   return MAGPOOL_ENODEV;
 }
 static int nocuda_reserve(void *ctx, size_t size, void **base) {
-  (void)ctx;
-  (void)size;
-  (void)base;
+  (void)ctx, (void)size, (void)base;
   return MAGPOOL_ENODEV;
 }
 static int nocuda_release(void *ctx, void *base, size_t size) {
-  (void)ctx;
-  (void)base;
-  (void)size;
+  (void)ctx, (void)base, (void)size;
   return MAGPOOL_ENODEV;
+}
+static size_t nocuda_granularity(void *ctx) {
+  (void)ctx;
+  return 0;
+}
+static int nocuda_va_reserve(void *ctx, size_t size, size_t chunk, void **base) {
+  (void)ctx, (void)size, (void)chunk, (void)base;
+  return MAGPOOL_ENODEV;
+}
+static int nocuda_map(void *ctx, void *addr, size_t bytes) {
+  (void)ctx, (void)addr, (void)bytes;
+  return MAGPOOL_ENODEV;
+}
+static int nocuda_unmap(void *ctx, void *addr, size_t bytes, int keep) {
+  (void)ctx, (void)addr, (void)bytes, (void)keep;
+  return MAGPOOL_ENODEV;
+}
+
+int mp_source_chunk_counts(void *ctx, mp_chunk_counts *out) {
+  if (ctx == NULL || out == NULL) return MAGPOOL_EINVAL;
+  *out = (mp_chunk_counts){0};
+  return 0;
 }
 
 const mp_source_ops mp_source_device = {
   .name = "device", .reserve = nocuda_reserve, .release = nocuda_release,
-  .open = nocuda_open,
+  .open = nocuda_open, .granularity = nocuda_granularity,
+  .va_reserve = nocuda_va_reserve, .va_release = nocuda_release,
+  .map = nocuda_map, .unmap = nocuda_unmap,
 };
 const mp_source_ops mp_source_pinned = {
   .name = "pinned", .reserve = nocuda_reserve, .release = nocuda_release,
-  .open = nocuda_open,
+  .open = nocuda_open, .granularity = nocuda_granularity,
+  .va_reserve = nocuda_va_reserve, .va_release = nocuda_release,
+  .map = nocuda_map, .unmap = nocuda_unmap,
 };
 #endif

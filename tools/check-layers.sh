@@ -42,6 +42,7 @@ revoke.c        0
 source_host.c   1   memory sources and ordering
 source_fail.c   1
 source_cuda.c   1
+source_vmm.c    1
 stream_host.c   1
 stream_cuda.c   1
 

@@ -1,0 +1,232 @@
+/* vmm_calls.c - magpool-vmm-calls: what mapping memory per chunk costs on
+ * a GPU, per 2 MiB chunk (docs/design.md, "Memory sources: chunk
+ * mapping").
+ *
+ *   magpool-vmm-calls [--chunks N] [--rounds R] [--device D]
+ *
+ * Single driver calls, through the driver's entry points looked up the
+ * way src/source_vmm.c looks them up (no libcuda link):
+ *   create            cuMemCreate of one chunk
+ *   map               cuMemMap of one chunk
+ *   access_chunk      cuMemSetAccess (read/write, the device) per chunk
+ *   access_run16      one cuMemSetAccess over a run of 16 mapped chunks,
+ *                     divided by 16
+ *   unmap             cuMemUnmap of one chunk
+ *   release           cuMemRelease of one handle
+ * and the DEVICE source's ops (mp_source_device):
+ *   src_map_new16     map of a run of 16 chunks, all created
+ *   src_unmap_keep    unmap with keep, per chunk
+ *   src_map_kept16    map of a run of 16 chunks from kept memory
+ *   move              unmap with keep of one chunk + map of one chunk
+ *                     elsewhere (takes the kept memory, sets access)
+ *   src_unmap_free    unmap without keep, per chunk
+ *
+ * Each row runs R rounds of N chunks (default 64 x 5) and prints the
+ * median round:  SUMMARY vmm call=NAME us_per_chunk=X
+ * Exit status 0; 77 when there is no GPU, 1 when a call fails. */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+#define CHUNK ((size_t)2 << 20)
+#define RUN 16
+#define MAX_ROUNDS 64
+
+static struct {
+  CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                     unsigned long long);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*addr_free)(CUdeviceptr, size_t);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+} drv;
+
+static void lookup(const char *name, void **fn) {
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t e = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q);
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || *fn == NULL) {
+    fprintf(stderr, "magpool-vmm-calls: no driver entry point %s\n", name);
+    exit(1);
+  }
+}
+
+#define CU(x)                                                                   \
+  do {                                                                          \
+    CUresult r_ = (x);                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      fprintf(stderr, "magpool-vmm-calls: %s:%d: %s: CUresult %d\n", __FILE__,  \
+              __LINE__, #x, (int)r_);                                           \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+#define MP(x)                                                                   \
+  do {                                                                          \
+    int rc_ = (x);                                                              \
+    if (rc_ != 0) {                                                             \
+      fprintf(stderr, "magpool-vmm-calls: %s:%d: %s: %s (cuda %d)\n", __FILE__, \
+              __LINE__, #x, magpool_strerror(rc_), magpool_last_cuda_error());  \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+enum { R_CREATE, R_MAP, R_ACC1, R_ACC16, R_UNMAP, R_RELEASE,
+       R_SNEW, R_SKEEP, R_SKEPT, R_MOVE, R_SFREE, NROWS };
+static const char *row_name[NROWS] = {
+  "create", "map", "access_chunk", "access_run16", "unmap", "release",
+  "src_map_new16", "src_unmap_keep", "src_map_kept16", "move", "src_unmap_free",
+};
+static double t[NROWS][MAX_ROUNDS];
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* One round of the single driver calls over n chunks at va. */
+static void raw_round(int r, int dev, CUdeviceptr va, size_t n, CUmemGenericAllocationHandle *h) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  CUmemAccessDesc acc;
+  memset(&acc, 0, sizeof acc);
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  double t0 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.create(&h[i], CHUNK, &prop, 0));
+  double t1 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.map(va + i * CHUNK, CHUNK, 0, h[i], 0));
+  double t2 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.access(va + i * CHUNK, CHUNK, &acc, 1));
+  double t3 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.unmap(va + i * CHUNK, CHUNK));
+  double t4 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.map(va + i * CHUNK, CHUNK, 0, h[i], 0));
+  double t5 = now_us();
+  for (size_t i = 0; i < n; i += RUN) CU(drv.access(va + i * CHUNK, RUN * CHUNK, &acc, 1));
+  double t6 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.unmap(va + i * CHUNK, CHUNK));
+  double t7 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.release(h[i]));
+  double t8 = now_us();
+  t[R_CREATE][r] = (t1 - t0) / n;
+  t[R_MAP][r] = (t2 - t1) / n;
+  t[R_ACC1][r] = (t3 - t2) / n;
+  t[R_UNMAP][r] = (t4 - t3) / n;
+  t[R_ACC16][r] = (t6 - t5) / n;
+  t[R_RELEASE][r] = (t8 - t7) / n;
+}
+
+/* One round of the source's ops over n chunks: runs at a, moves to b. */
+static void src_round(int r, void *ctx, char *a, char *b, size_t n) {
+  double t0 = now_us();
+  for (size_t i = 0; i < n; i += RUN) MP(mp_source_device.map(ctx, a + i * CHUNK, RUN * CHUNK));
+  double t1 = now_us();
+  for (size_t i = 0; i < n; i++) MP(mp_source_device.unmap(ctx, a + i * CHUNK, CHUNK, 1));
+  double t2 = now_us();
+  for (size_t i = 0; i < n; i += RUN) MP(mp_source_device.map(ctx, a + i * CHUNK, RUN * CHUNK));
+  double t3 = now_us();
+  for (size_t i = 0; i < n; i++) {
+    MP(mp_source_device.unmap(ctx, a + i * CHUNK, CHUNK, 1));
+    MP(mp_source_device.map(ctx, b + i * CHUNK, CHUNK));
+  }
+  double t4 = now_us();
+  for (size_t i = 0; i < n; i++) MP(mp_source_device.unmap(ctx, b + i * CHUNK, CHUNK, 0));
+  double t5 = now_us();
+  t[R_SNEW][r] = (t1 - t0) / n;
+  t[R_SKEEP][r] = (t2 - t1) / n;
+  t[R_SKEPT][r] = (t3 - t2) / n;
+  t[R_MOVE][r] = (t4 - t3) / n;
+  t[R_SFREE][r] = (t5 - t4) / n;
+}
+
+int main(int argc, char **argv) {
+  size_t n = 64;
+  int rounds = 5, dev = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--chunks") && i + 1 < argc) n = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc) dev = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: magpool-vmm-calls [--chunks N] [--rounds R] [--device D]\n");
+      return 2;
+    }
+  }
+  n = (n + RUN - 1) / RUN * RUN;
+  if (n == 0 || rounds < 1 || rounds > MAX_ROUNDS) {
+    fprintf(stderr, "magpool-vmm-calls: --chunks >= 1, --rounds 1..%d\n", MAX_ROUNDS);
+    return 2;
+  }
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev <= dev) {
+    printf("magpool-vmm-calls: no GPU: NOTRUN\n");
+    return 77;
+  }
+  if (cudaSetDevice(dev) != cudaSuccess || cudaFree(NULL) != cudaSuccess) return 1;
+  struct cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, dev) != cudaSuccess) return 1;
+  lookup("cuMemCreate", (void **)&drv.create);
+  lookup("cuMemRelease", (void **)&drv.release);
+  lookup("cuMemAddressReserve", (void **)&drv.reserve);
+  lookup("cuMemAddressFree", (void **)&drv.addr_free);
+  lookup("cuMemMap", (void **)&drv.map);
+  lookup("cuMemUnmap", (void **)&drv.unmap);
+  lookup("cuMemSetAccess", (void **)&drv.access);
+
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.device = dev;
+  void *ctx = NULL;
+  MP(mp_source_device.open(&ctx, &cfg));
+  size_t gran = mp_source_device.granularity(ctx);
+  printf("magpool-vmm-calls: %s, device %d, granularity %zu KiB, %zu chunks of 2 MiB x %d "
+         "rounds (median round)\n", p.name, dev, gran / 1024, n, rounds);
+  if (gran == 0 || gran > CHUNK) {
+    printf("magpool-vmm-calls: granularity does not allow 2 MiB chunks: NOTRUN\n");
+    return 1;
+  }
+
+  CUmemGenericAllocationHandle *h = calloc(n, sizeof *h);
+  if (h == NULL) return 1;
+  CUdeviceptr va = 0;
+  CU(drv.reserve(&va, n * CHUNK, CHUNK, 0, 0));
+  size_t span = CHUNK;
+  while (span < 2 * n * CHUNK) span <<= 1;
+  char *base = NULL;
+  MP(mp_source_device.va_reserve(ctx, span, CHUNK, (void **)&base));
+
+  for (int r = 0; r < rounds; r++) {
+    raw_round(r, dev, va, n, h);
+    src_round(r, ctx, base, base + n * CHUNK, n);
+  }
+  mp_chunk_counts c;
+  MP(mp_source_chunk_counts(ctx, &c));
+  MP(mp_source_device.va_release(ctx, base, span));
+  CU(drv.addr_free(va, n * CHUNK));
+  mp_source_device.close(ctx);
+  free(h);
+
+  for (int k = 0; k < NROWS; k++) {
+    qsort(t[k], (size_t)rounds, sizeof t[k][0], cmp_double);
+    printf("SUMMARY vmm call=%s us_per_chunk=%.2f\n", row_name[k], t[k][rounds / 2]);
+  }
+  printf("magpool-vmm-calls: source counters: creates %llu reuses %llu releases %llu\n",
+         (unsigned long long)c.creates, (unsigned long long)c.reuses,
+         (unsigned long long)c.releases);
+  return 0;
+}

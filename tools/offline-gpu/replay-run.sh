@@ -1,0 +1,25 @@
+#!/bin/sh
+# replay-run.sh BUILD_DIR OUT_DIR - the footprint and speed runs of
+# docs/benchmarks.md on a GPU machine: every shared trace replayed on
+# magpool and its peers, sync and async, then magpool capped at
+# cudaMalloc's footprint + 2 %.  Needs a build with CUDA
+# (tools/offline-gpu/device-run.sh makes one).
+set -u
+B=${1:-build-dev}
+OUT=${2:-out}
+T=$(dirname "$0")/../../tests/data/traces
+R=$B/bench/magpool-replay
+mkdir -p "$OUT"
+for m in sync async; do
+  timeout 240 "$R" "$T"/*.trace.gz --kind device --mode "$m" --allocator all
+done >"$OUT/replay.log" 2>&1
+# The cap runs: cudaMalloc's peak reserved (pass 1) + 2 %, per trace.
+grep '^REPLAY' "$OUT/replay.log" | grep 'allocator=cudaMalloc ' | grep 'pass=1' |
+  sed 's/.*trace=\([^ ]*\).*peak_reserved=\([0-9]*\).*/\1 \2/' |
+  while read -r name peak; do
+    cap=$(awk -v p="$peak" 'BEGIN { printf "%d", p * 1.02 }')
+    for m in sync async; do
+      timeout 120 "$R" "$T/$name.trace.gz" --kind device --mode "$m" --cap "$cap"
+    done
+  done >"$OUT/replay-cap.log" 2>&1
+grep -h '^REPLAY' "$OUT/replay.log" "$OUT/replay-cap.log"
