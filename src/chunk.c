@@ -137,13 +137,14 @@ static uint64_t count_empty(mp_chunks *c, uint64_t enough) {
   return k;
 }
 
-/* Stream frees on their way back (pending behind their streams, or
- * ready to be given back) that could cover `bytes`? */
+/* Completed stream frees not yet given back (ready) that could cover
+ * `bytes`?  Only those: frees still pending behind their streams are not
+ * waited for here (that would make a thread wait for other streams' work
+ * whenever the pool reaches a new peak); the out-of-memory ladder waits
+ * for them when nothing else is left. */
 static bool returning_covers(const magpool_t *pool, size_t bytes) {
-  int64_t r = mp_load_relaxed(&pool->retire.pending_bytes) +
-              mp_load_relaxed(&pool->retire.ready_bytes);
-  (void)bytes;
-  return r >= (int64_t)pool->chunks->chunk;
+  int64_t r = mp_load_relaxed(&pool->retire.ready_bytes);
+  return r > 0 && (size_t)r >= bytes;
 }
 
 /* Makes room for n more mapped chunks under the budget, by unmapping

@@ -223,11 +223,6 @@ static size_t request_cost(const magpool_t *pool, unsigned order, size_t size) {
   return n << c->shift;
 }
 
-/* Bytes of stream frees on their way back to the tree. */
-static int64_t returning(magpool_t *pool) {
-  return mp_load_relaxed(&pool->retire.pending_bytes) + mp_load_relaxed(&pool->retire.ready_bytes);
-}
-
 /* The most the pool may hold: what it has, or its chunk cap. */
 static size_t pool_capacity(const magpool_t *pool, size_t reserved) {
   return pool->chunks != NULL ? (size_t)(pool->chunks->cap << pool->chunks->shift) : reserved;
@@ -281,14 +276,9 @@ void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size
       if (p != NULL) return p;
       MP_HOOK(MP_HOOK_LADDER_RUNG, (void *)(uintptr_t)rung);
       if (rung == 0) {
+        /* Completed stream frees first; a chunked pool raises its
+         * high-water mark only after them (rung 1 may create). */
         mp_retire_drain(pool, &tc->acct);
-        /* A chunked pool maps more memory only once stream frees that
-         * could cover the request are back (then rung 1 may create). */
-        if (pool->chunks != NULL && returning(pool) >= (int64_t)pool->chunks->chunk) {
-          mp_streams_wait_pending(pool);
-          mp_retire_drain(pool, &tc->acct);
-          mp_regions_coalesce(pool);
-        }
       } else if (rung == 1) {
         mp_tcache_enter_owner_wait(tc);
         mp_tcache_flush(pool, tc, &tc->acct);

@@ -12,6 +12,7 @@
 #   ends each pass with oom@K at or before event 12 (the 256 KiB request
 #   that cannot fit beside what is live); a bad argument exits 2.
 # footprint: the three recorded traces on a HOST pool, sync and async,
+#   (async: a looser bound, see below)
 #   2 passes: every pass completes and its ratio is within the trace's
 #   bound (gpt2_train_small 1.10, resnet50_train 1.05,
 #   multistream_serve 1.03).
@@ -77,9 +78,16 @@ smoke)
   [ $? -eq 2 ] || fail "a bad size does not exit 2"
   ;;
 footprint)
+  # The bounds hold for the synchronous API.  Asynchronously the pool
+  # does not wait for other streams' pending frees before it maps more
+  # (that could make a thread wait for work that waits for it), so those
+  # frees still hold their chunks: async runs must complete, under a
+  # looser bound, 2.5: how much is pending at a new peak depends on when
+  # the host streams run their callbacks (docs/benchmarks.md).
   for m in sync async; do
-    for spec in gpt2_train_small:1.10 resnet50_train:1.05 multistream_serve:1.03; do
-      name=${spec%%:*} bound=${spec#*:}
+    for spec in gpt2_train_small:1.10:2.50 resnet50_train:1.05:2.50 multistream_serve:1.03:2.50; do
+      name=${spec%%:*} rest=${spec#*:}
+      if [ "$m" = sync ]; then bound=${rest%%:*}; else bound=${rest#*:}; fi
       run "$dir/$name.trace.gz" --kind host --mode "$m" --passes 2
       check_lines 2
       printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
