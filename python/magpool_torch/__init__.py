@@ -48,7 +48,7 @@ class _Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocated_current", "allocated_peak", "reserved_current", "reserved_peak",
         "num_alloc_retries", "num_ooms", "alloc_count", "free_count", "live_count",
-        "pool_created")]
+        "pool_created", "grow_count", "alloc_ns", "free_ns", "slow_allocs", "max_alloc_ns")]
 
 
 def library_path():
@@ -164,7 +164,9 @@ def memory_stats(device=None):
     allocated_bytes.all.current/.peak (bytes PyTorch asked for, in live
     blocks), reserved_bytes.all.current/.peak (what the pool took from the
     GPU), num_alloc_retries, num_ooms, allocation.all.current /
-    .allocated / .freed (counts); plus magpool.pool_created."""
+    .allocated / .freed (counts); plus magpool.* keys: pool_created,
+    grow_count, and the time spent in the allocator's entry points
+    (alloc_ns, free_ns, slow_allocs over 100 us, max_alloc_ns)."""
     st = _Stats()
     if _load().magpool_torch_get_stats(_device_index(device), ctypes.byref(st)) != 0:
         raise ValueError("magpool_torch.memory_stats: bad device %r" % (device,))
@@ -179,6 +181,11 @@ def memory_stats(device=None):
         "allocation.all.allocated": st.alloc_count,
         "allocation.all.freed": st.free_count,
         "magpool.pool_created": st.pool_created,
+        "magpool.grow_count": st.grow_count,
+        "magpool.alloc_ns": st.alloc_ns,
+        "magpool.free_ns": st.free_ns,
+        "magpool.slow_allocs": st.slow_allocs,
+        "magpool.max_alloc_ns": st.max_alloc_ns,
     }
 
 

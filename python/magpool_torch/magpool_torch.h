@@ -31,6 +31,11 @@ typedef struct magpool_torch_stats {
   uint64_t free_count;        /* successful frees                   */
   uint64_t live_count;        /* live allocations                   */
   uint64_t pool_created;      /* 1 once the device has a pool       */
+  uint64_t grow_count;        /* the pool's grow_count              */
+  uint64_t alloc_ns;          /* time spent in magpool_torch_alloc  */
+  uint64_t free_ns;           /* time spent in magpool_torch_free   */
+  uint64_t slow_allocs;       /* allocations that took over 100 us  */
+  uint64_t max_alloc_ns;      /* the longest allocation             */
 } magpool_torch_stats;
 
 /* The CUDAPluggableAllocator alloc entry point: size bytes on device,

@@ -11,11 +11,13 @@ works on a side stream: it copies the next batch to the GPU and computes
 the gradient norm there, with the stream synchronisation a pluggable
 allocator needs (no record_stream: see magpool_torch's docstring).
 
-    gpt2_parity.py --compare [--repeat N] [--out DIR] [--magpool-conf K=V,...]
+    gpt2_parity.py --compare [--repeat N] [--out DIR] [--magpool-conf "K=V,...;K=V,..."]
         runs each allocator in its own process (the allocator must be
         chosen before any CUDA allocation), N times alternating, compares
         the losses bit for bit and prints peak reserved and mean step time
-        (steps after --warmup) of each.  Exit 1 if the losses differ.
+        (steps after --warmup) of each; --magpool-conf lists magpool
+        configurations (';' between them), each run as its own allocator.
+        Exit 1 if the losses differ.
     gpt2_parity.py --compare --ddp --nproc 2
         the same with torchrun and DistributedDataParallel over NCCL, one
         pool per device; each rank's losses must match the same rank's on
@@ -134,11 +136,11 @@ def child(args):
           flush=True)
 
 
-def launch(args, allocator, out):
+def launch(args, allocator, out, conf=""):
     me = os.path.abspath(__file__)
     common = ["--child", "--allocator", allocator, "--out", out, "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq),
-              "--magpool-conf", args.magpool_conf]
+              "--magpool-conf", conf]
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1",
                **NO_MULTICAST)
     if args.ddp:
@@ -166,11 +168,15 @@ def compare(args):
         sys.exit(77)
     os.makedirs(args.out, exist_ok=True)
     tag = "ddp" if args.ddp else "single"
-    runs = {"torch": [], "magpool": []}
+    confs = args.magpool_conf.split(";")
+    labels = ["torch"] + ["magpool" + ("[%s]" % c if c else "") for c in confs]
+    runs = {label: [] for label in labels}
     for i in range(args.repeat):
-        for alloc in ("torch", "magpool"):
-            runs[alloc].append(launch(args, alloc, os.path.join(args.out, "%s_%s_%d.json"
-                                                                 % (tag, alloc, i))))
+        for k, label in enumerate(labels):
+            alloc = "torch" if k == 0 else "magpool"
+            conf = "" if k == 0 else confs[k - 1]
+            runs[label].append(launch(args, alloc, os.path.join(
+                args.out, "%s_%s%d_%d.json" % (tag, alloc, k, i)), conf))
     ok = True
     ref = runs["torch"][0]
     for alloc, reps in runs.items():
@@ -195,6 +201,16 @@ def compare(args):
                   "peak_allocated_mib=%.0f loss_last=%.6f" % (
                       tag, alloc, r, ",".join("%.2f" % m for m in ms), pk / 2**20, pa / 2**20,
                       reps[0][r]["loss_last"]))
+            st = reps[-1][r].get("magpool_stats")
+            if st:
+                print("MAGPOOL allocator=%s rank=%d grow_count=%d alloc_ms_per_step=%.2f "
+                      "free_ms_per_step=%.2f slow_allocs=%d max_alloc_ms=%.2f allocs=%d "
+                      "first_step_ms=%.1f" % (
+                          alloc, r, st["magpool.grow_count"],
+                          st["magpool.alloc_ns"] / 1e6 / args.steps,
+                          st["magpool.free_ns"] / 1e6 / args.steps, st["magpool.slow_allocs"],
+                          st["magpool.max_alloc_ns"] / 1e6, st["allocation.all.allocated"],
+                          reps[-1][r]["step_ms"][0]))
     sys.exit(0 if ok else 1)
 
 

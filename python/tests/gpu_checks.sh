@@ -4,6 +4,8 @@
 # PyTorch"), from the repository root:
 #
 #   gpu_checks.sh single   build (tools/offline-gpu/device-run.sh build),
+#                          (REPEAT, PARITY_CONFS: gpt2_parity.py's --repeat
+#                          and --magpool-conf; SKIP_BENCH=1: no bench)
 #                          install, the GPU and install ctests (dlopen,
 #                          ctypes, two CUDA runtimes, magpool_torch), the
 #                          GPT-2 parity run (--repeat 2), and the host
@@ -41,10 +43,11 @@ if [[ $mode == single ]]; then
      "$OUT/ctest-gpu.log" | tail -40
   readelf -d $B/install-test-prefix/lib/libmagpool.so | grep -E 'NEEDED|FLAGS|RUNPATH'
   stamp parity
-  python3 python/tests/gpt2_parity.py --compare --repeat 2 --out "$OUT/parity" \
-     2>&1 | tee "$OUT/parity.log" | grep -vE "^\s*$|Warning|warn" | tail -20 || rc=1
+  python3 python/tests/gpt2_parity.py --compare --repeat "${REPEAT:-2}" --out "$OUT/parity" \
+     --magpool-conf "${PARITY_CONFS:-}" \
+     2>&1 | tee "$OUT/parity.log" | grep -E "^(RESULT|SUMMARY|MAGPOOL|gpt2_parity)" || rc=1
   stamp bench
-  for b in magpool-bench magpool-bench-shared; do
+  [[ -n ${SKIP_BENCH:-} ]] || for b in magpool-bench magpool-bench-shared; do
     $B/bench/$b --kind host --threads 1,4,16 --seconds 0.5 --rows magpool,magpool-trace \
       2>&1 | grep '^SUMMARY' | sed "s/^/$b /"
   done | tee "$OUT/bench-host.log"

@@ -9,8 +9,8 @@ then checks the trace.  The child:
     synchronisation a pluggable allocator needs (no record_stream);
   - checks memory_stats(): the keys, allocated bytes following tensors,
     reserved bytes at least the pool size;
-  - asks for far more than the GPU has: torch.OutOfMemoryError, counted in
-    num_ooms, and allocation works afterwards;
+  - asks for more than max_pool_size: torch.OutOfMemoryError, counted in
+    num_ooms, and allocation works afterwards (in a child without trace);
   - empty_cache() and reset_peak_memory_stats().
 Exit 0 pass, 1 fail, 77 when PyTorch with CUDA is not there (skipped)."""
 import os
@@ -24,10 +24,17 @@ def fail(msg):
     sys.exit(1)
 
 
+def step(msg):
+    print("test_magpool_torch: child:", msg, flush=True)
+
+
 def child():
+    import faulthandler
+    faulthandler.enable()
     import torch
     import magpool_torch as mt
-    mt.enable(pool_size="256M", thread_cache_bytes="4M")
+    oom = os.environ["MAGPOOL_TEST_CHILD"] == "oom"
+    mt.enable(pool_size="256M", thread_cache_bytes="4M", max_pool_size="2G")
     check = lambda c, m: c or fail(m)
     x = torch.randn(1024, 1024, device="cuda")  # 4 MiB
     st = mt.memory_stats()
@@ -37,6 +44,10 @@ def child():
     y = x @ x
     ref = (x.double().cpu() @ x.double().cpu()).float()
     check(torch.allclose(y.cpu(), ref, rtol=1e-3, atol=1e-2), "matmul through magpool memory")
+    step("matmul")
+    with open("/proc/self/maps") as f:
+        rt = sorted({l.split()[-1] for l in f if "libcudart" in l})
+    step("CUDA runtimes mapped: %s" % rt)
 
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
@@ -53,22 +64,24 @@ def child():
     del c
     after = mt.memory_stats()["allocated_bytes.all.current"]
     check(before - after == 4 << 22, "a freed tensor leaves allocated: %d" % (before - after))
-
-    try:
-        torch.empty(1 << 46, dtype=torch.uint8, device="cuda")  # 64 TiB
-        fail("no out-of-memory error")
-    except torch.OutOfMemoryError as e:
-        check("magpool" in str(e), "the message is magpool's: %s" % e)
-    st = mt.memory_stats()
-    check(st["num_ooms"] >= 1 and st["num_alloc_retries"] >= 1, "ooms counted: %r" % st)
-    w = torch.zeros(1000, device="cuda") + 1
-    check(int(w.sum().item()) == 1000, "allocation after the out-of-memory error")
+    step("side stream")
+    if oom:
+        try:
+            torch.empty(3 << 30, dtype=torch.uint8, device="cuda")  # over max_pool_size
+            fail("no out-of-memory error")
+        except torch.OutOfMemoryError as e:
+            check("magpool" in str(e), "the message is magpool's: %s" % e)
+        step("out-of-memory error over max_pool_size")
+        st = mt.memory_stats()
+        check(st["num_ooms"] >= 1 and st["num_alloc_retries"] >= 1, "ooms counted: %r" % st)
+        w = torch.zeros(1000, device="cuda") + 1
+        check(int(w.sum().item()) == 1000, "allocation after the out-of-memory error")
     mt.empty_cache()
     mt.reset_peak_memory_stats()
     st = mt.memory_stats()
     check(st["allocated_bytes.all.peak"] == st["allocated_bytes.all.current"], "peak reset")
     torch.cuda.synchronize()
-    print("test_magpool_torch: child OK", st, flush=True)
+    step("OK %r" % st)
 
 
 def main():
@@ -81,10 +94,14 @@ def main():
         sys.exit(77)
     with tempfile.TemporaryDirectory() as d:
         trace = os.path.join(d, "torch.trace")
-        env = dict(os.environ, MAGPOOL_TRACE=trace, MAGPOOL_TEST_CHILD="1")
+        env = dict(os.environ, MAGPOOL_TEST_CHILD="oom")
         r = subprocess.run([sys.executable, __file__], env=env)
         if r.returncode != 0:
-            fail("child exited %d" % r.returncode)
+            fail("child (out of memory) exited %d" % r.returncode)
+        env = dict(os.environ, MAGPOOL_TRACE=trace, MAGPOOL_TEST_CHILD="trace")
+        r = subprocess.run([sys.executable, __file__], env=env)
+        if r.returncode != 0:
+            fail("child (trace) exited %d" % r.returncode)
         live, n_a, n_f, streams = {}, 0, 0, set()
         with open(trace) as f:
             for line in f:

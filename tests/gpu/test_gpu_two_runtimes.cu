@@ -51,6 +51,7 @@ struct Api {
   int (*trim)(magpool_t *);
   int (*check)(magpool_t *);
   int (*last_error)(void);
+  int (*get_stats)(magpool_t *, magpool_stats_t *);
 } mp;
 
 void *sym(void *h, const char *n) {
@@ -119,6 +120,7 @@ int main(int argc, char **argv) {
   *(void **)&mp.trim = sym(h, "magpool_trim");
   *(void **)&mp.check = sym(h, "magpool_check");
   *(void **)&mp.last_error = sym(h, "magpool_last_error");
+  *(void **)&mp.get_stats = sym(h, "magpool_get_stats");
   // Is the runtime in the process another one than magpool's?  Our own
   // symbol cudaMalloc is static (this binary); the library's is from
   // libcudart.so.
@@ -157,6 +159,14 @@ int main(int argc, char **argv) {
   const size_t n = (size_t)16 << 20;  // 64 MiB: the whole pool
   auto *p = (uint32_t *)mp.alloc_async(pool, n * 4 - 4096, s1);
   EXPECT(p != nullptr);
+  if (p == nullptr) {
+    magpool_stats_t st;
+    mp.get_stats(pool, &st);
+    std::printf("two_runtimes: whole-pool alloc_async failed: %d; used %zu cached %zu "
+                "pending %zu free %zu largest %zu reserved %zu live %llu\n", mp.last_error(),
+                st.used_bytes, st.cached_bytes, st.pending_bytes, st.free_bytes,
+                st.largest_free_block, st.reserved_bytes, (unsigned long long)st.live_count);
+  }
   if (p != nullptr) {
     fill<<<64, 256, 0, s1>>>(p, n / 2, 0x5000);
     spin<<<1, 1, 0, s1>>>(200LL * 1000 * 1000);  // ~0.1 s
