@@ -90,14 +90,15 @@ def _conf_string(config):
 def _build_oom_helper():
     """Compiles oom.cpp against the running PyTorch, once per PyTorch
     build (cached under $MAGPOOL_TORCH_CACHE, default
-    ~/.cache/magpool_torch).  Returns the loaded library or None."""
+    ~/.cache/magpool_torch).  Returns the library's path or None."""
     import torch
     from torch.utils import cpp_extension
     src = os.path.join(_HERE, "oom.cpp")
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     with open(src, "rb") as f:
-        key = hashlib.sha256(f.read() + repr((torch.__version__, torch.__file__, abi)).encode())
+        key = hashlib.sha256(f.read() + repr((torch.__version__, torch.__file__, abi,
+                                              _SHIM)).encode())
     cache = os.environ.get("MAGPOOL_TORCH_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "magpool_torch")
     so = os.path.join(cache, "oom-%s.so" % key.hexdigest()[:16])
@@ -108,7 +109,8 @@ def _build_oom_helper():
         cmd = cxx.split() + ["-O2", "-shared", "-fPIC", "-std=c++17",
                              "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi]
         cmd += ["-I" + p for p in cpp_extension.include_paths()]
-        cmd += [src, "-o", tmp, "-L" + torch_lib, "-lc10", "-Wl,-rpath," + torch_lib]
+        cmd += [src, "-o", tmp, "-L" + torch_lib, "-lc10", "-Wl,-rpath," + torch_lib,
+                _SHIM, "-Wl,-rpath," + _HERE]
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         if r.returncode != 0:
             sys.stderr.write("magpool_torch: could not build the out-of-memory helper "
@@ -116,7 +118,7 @@ def _build_oom_helper():
                              + r.stdout.decode(errors="replace")[-2000:] + "\n")
             return None
         os.replace(tmp, so)
-    return ctypes.CDLL(so)
+    return so
 
 
 def enable(**config):
@@ -135,10 +137,11 @@ def enable(**config):
     if _oom_lib is None:
         _oom_lib = _build_oom_helper()
     if _oom_lib is not None:
-        fn = ctypes.cast(_oom_lib.magpool_torch_throw_oom, ctypes.c_void_p)
-        lib.magpool_torch_set_oom_handler(fn)
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(
-        _SHIM, "magpool_torch_alloc", "magpool_torch_free")
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(
+            _oom_lib, "magpool_torch_alloc_or_throw", "magpool_torch_free_fwd")
+    else:  # no C++ compiler: failures come back as NULL (see the warning)
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(
+            _SHIM, "magpool_torch_alloc", "magpool_torch_free")
     torch.cuda.memory.change_current_allocator(alloc)
     _enabled = True
 

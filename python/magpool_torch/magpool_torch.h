@@ -44,6 +44,15 @@ typedef struct magpool_torch_stats {
  * handler (which should throw), else returns NULL. */
 MAGPOOL_TORCH_API void *magpool_torch_alloc(ssize_t size, int device, struct CUstream_st *stream);
 
+/* As magpool_torch_alloc, but a failure returns NULL without calling
+ * the handler; magpool_torch_last_failure() then says what failed. */
+MAGPOOL_TORCH_API void *magpool_torch_alloc_nothrow(ssize_t size, int device,
+                                                    struct CUstream_st *stream);
+
+/* The calling thread's last failed allocation, in words ("N bytes on
+ * cuda:D: reason"); "" if none.  Thread-local, never NULL. */
+MAGPOOL_TORCH_API const char *magpool_torch_last_failure(void);
+
 /* The free entry point: ptr, with the size, device and stream of its
  * allocation; freed in that stream's order.  A pointer that is not a live
  * allocation is reported once on stderr and otherwise ignored. */

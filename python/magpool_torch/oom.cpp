@@ -1,21 +1,39 @@
-// oom.cpp - throws PyTorch's own out-of-memory error for libmagpool_torch.so.
+// oom.cpp - the allocation entry points PyTorch calls when magpool_torch
+// is enabled: the shim's, plus PyTorch's own out-of-memory error.
 //
 // magpool_torch.enable() compiles this file against the running PyTorch
-// (its c10 headers and libc10.so) into a small cached library and hands
-// magpool_torch_throw_oom to the shim (magpool_torch_set_oom_handler).
-// When an allocation fails, the shim calls it; the c10::OutOfMemoryError
-// it throws unwinds through the shim into PyTorch, whose Python bindings
-// turn it into torch.OutOfMemoryError (torch.cuda.OutOfMemoryError), as
-// for its own allocator.  PyTorch's CUDAPluggableAllocator does not check
-// a NULL return itself.
+// (its c10 headers and libc10.so) into a small cached library, linked to
+// libmagpool_torch.so, and hands ITS two functions to
+// CUDAPluggableAllocator.  PyTorch 2.11's CUDAPluggableAllocator does not
+// check a NULL return; here a failed allocation throws
+// c10::OutOfMemoryError from this C++ frame, which PyTorch's Python
+// bindings turn into torch.OutOfMemoryError (torch.cuda.OutOfMemoryError),
+// as for its own allocator.
 #include <c10/util/Exception.h>
 
-#include <cstddef>
+#include <sys/types.h>
 
-extern "C" __attribute__((visibility("default"))) void magpool_torch_throw_oom(
-    size_t size, int device, const char* detail) {
-  TORCH_CHECK_WITH(OutOfMemoryError, false, "magpool: out of memory: tried to allocate ",
-                   size, " bytes on cuda:", device, " (", detail,
-                   "). See magpool_torch.memory_stats(); MAGPOOL_CONF sets the pool's "
-                   "limits (max_pool_size).");
+struct CUstream_st;
+
+extern "C" {
+void *magpool_torch_alloc_nothrow(ssize_t size, int device, CUstream_st *stream);
+const char *magpool_torch_last_failure(void);
+void magpool_torch_free(void *ptr, ssize_t size, int device, CUstream_st *stream);
+
+__attribute__((visibility("default"))) void *magpool_torch_alloc_or_throw(ssize_t size,
+                                                                           int device,
+                                                                           CUstream_st *stream) {
+  void *p = magpool_torch_alloc_nothrow(size, device, stream);
+  TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "magpool: out of memory: ",
+                   magpool_torch_last_failure(),
+                   ". See magpool_torch.memory_stats(); MAGPOOL_CONF or enable() set the "
+                   "pool's limits (max_pool_size).");
+  return p;
+}
+
+__attribute__((visibility("default"))) void magpool_torch_free_fwd(void *ptr, ssize_t size,
+                                                                    int device,
+                                                                    CUstream_st *stream) {
+  magpool_torch_free(ptr, size, device, stream);
+}
 }

@@ -17,14 +17,15 @@
  * kind and device are always DEVICE and the allocation's device.
  *
  * Out of memory: the pool is trimmed and the allocation tried once more
- * (num_alloc_retries); if that fails too (num_ooms), the handler set with
- * magpool_torch_set_oom_handler is called - magpool_torch installs one
- * that throws PyTorch's own c10::OutOfMemoryError, so Python sees
- * torch.OutOfMemoryError.  Without a handler the allocation returns NULL,
- * which PyTorch 2.11's CUDAPluggableAllocator does not check.
- *
- * This file is C, built with -fexceptions: the handler's C++ exception
- * unwinds through magpool_torch_alloc's frame back into PyTorch.
+ * (num_alloc_retries); if that fails too (num_ooms), the allocation
+ * fails.  PyTorch 2.11's CUDAPluggableAllocator does not check a NULL
+ * return, so the magpool_torch module does not hand these entry points
+ * to PyTorch directly: it builds oom.cpp against the running PyTorch,
+ * whose alloc entry point calls magpool_torch_alloc_nothrow and throws
+ * PyTorch's own c10::OutOfMemoryError from a C++ frame (Python sees
+ * torch.OutOfMemoryError).  C hosts may instead set a handler
+ * (magpool_torch_set_oom_handler) that magpool_torch_alloc calls; this
+ * file is built with -fexceptions for that case.
  */
 #define _GNU_SOURCE
 #include <magpool.h>
@@ -127,7 +128,9 @@ static void note_alloc(device_state *d, size_t size) {
   atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
 }
 
-SHIM_API void *magpool_torch_alloc(ssize_t size, int device, cudaStream_t stream) {
+static _Thread_local char last_failure[160];
+
+static void *alloc_impl(ssize_t size, int device, cudaStream_t stream) {
   uint64_t t0 = now_ns();
   magpool_t *pool = pool_of(device);
   size_t n = size < 0 ? 0 : (size_t)size;
@@ -151,12 +154,25 @@ SHIM_API void *magpool_torch_alloc(ssize_t size, int device, cudaStream_t stream
   } else if (device >= 0 && device < MAX_DEVICES) {
     atomic_fetch_add_explicit(&devs[device].ooms, 1, memory_order_relaxed);
   }
-  void (*h)(size_t, int, const char *) = atomic_load(&oom_handler);
-  if (h != NULL) h(n, device, magpool_strerror(err)); /* throws */
-  fprintf(stderr, "magpool_torch: allocation of %zu bytes on cuda:%d failed: %s\n", n, device,
-          magpool_strerror(err));
+  snprintf(last_failure, sizeof last_failure, "%zu bytes on cuda:%d: %s", n, device,
+           magpool_strerror(err));
   return NULL;
 }
+
+SHIM_API void *magpool_torch_alloc(ssize_t size, int device, cudaStream_t stream) {
+  void *p = alloc_impl(size, device, stream);
+  if (p != NULL) return p;
+  void (*h)(size_t, int, const char *) = atomic_load(&oom_handler);
+  if (h != NULL) h(size < 0 ? 0 : (size_t)size, device, last_failure); /* throws */
+  fprintf(stderr, "magpool_torch: allocation failed: %s\n", last_failure);
+  return NULL;
+}
+
+SHIM_API void *magpool_torch_alloc_nothrow(ssize_t size, int device, cudaStream_t stream) {
+  return alloc_impl(size, device, stream);
+}
+
+SHIM_API const char *magpool_torch_last_failure(void) { return last_failure; }
 
 SHIM_API void magpool_torch_free(void *ptr, ssize_t size, int device, cudaStream_t stream) {
   if (ptr == NULL || device < 0 || device >= MAX_DEVICES) return;

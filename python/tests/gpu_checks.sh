@@ -5,7 +5,10 @@
 #
 #   gpu_checks.sh single   build (tools/offline-gpu/device-run.sh build),
 #                          (REPEAT, PARITY_CONFS: gpt2_parity.py's --repeat
-#                          and --magpool-conf; SKIP_BENCH=1: no bench)
+#                          and --magpool-conf; SKIP_BENCH=1: no bench;
+#                          TRACE_RUN=1: one more magpool run recording a
+#                          trace to $OUT; BASE_DIR: a source tree whose
+#                          bench to build and run beside this one)
 #                          install, the GPU and install ctests (dlopen,
 #                          ctypes, two CUDA runtimes, magpool_torch), the
 #                          GPT-2 parity run (--repeat 2), and the host
@@ -46,10 +49,30 @@ if [[ $mode == single ]]; then
   python3 python/tests/gpt2_parity.py --compare --repeat "${REPEAT:-2}" --out "$OUT/parity" \
      --magpool-conf "${PARITY_CONFS:-}" \
      2>&1 | tee "$OUT/parity.log" | grep -E "^(RESULT|SUMMARY|MAGPOOL|gpt2_parity)" || rc=1
+  if [[ -n ${TRACE_RUN:-} ]]; then
+    stamp traced magpool run
+    MAGPOOL_TRACE=$OUT/gpt2_magpool.trace python3 python/tests/gpt2_parity.py --child \
+      --allocator magpool --out "$OUT/traced.json" 2>&1 | grep -E "^RESULT" || rc=1
+    gzip -f "$OUT/gpt2_magpool.trace"
+  fi
   stamp bench
-  [[ -n ${SKIP_BENCH:-} ]] || for b in magpool-bench magpool-bench-shared; do
-    $B/bench/$b --kind host --threads 1,4,16 --seconds 0.5 --rows magpool,magpool-trace \
-      2>&1 | grep '^SUMMARY' | sed "s/^/$b /"
+  rows=${BENCH_ROWS:-magpool,magpool-trace}
+  if [[ -n ${BASE_DIR:-} ]]; then  # the same bench built on an earlier tree
+    cmake -S "$BASE_DIR" -B "$BASE_DIR/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
+      -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
+      -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include >"$OUT/base-build.log" 2>&1 &&
+      cmake --build "$BASE_DIR/build" -j16 --target magpool-bench magpool-bench-shared \
+        >>"$OUT/base-build.log" 2>&1 || rc=1
+  fi
+  [[ -n ${SKIP_BENCH:-} ]] || for round in 1 2; do
+    for b in $B/bench/magpool-bench $B/bench/magpool-bench-shared \
+             ${BASE_DIR:+$BASE_DIR/build/bench/magpool-bench $BASE_DIR/build/bench/magpool-bench-shared}; do
+      r=$rows
+      [[ $b == "${BASE_DIR:-none}"* ]] && r=magpool
+      $b --kind host --threads 1,4,16 --seconds 0.5 --rows "$r" 2>&1 | grep '^SUMMARY' |
+        sed "s|^|${b#$root/} round=$round |"
+    done
   done | tee "$OUT/bench-host.log"
 else
   stamp build

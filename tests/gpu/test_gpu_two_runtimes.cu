@@ -154,9 +154,25 @@ int main(int argc, char **argv) {
   CK(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
   EXPECT(nbad == 0);
 
+  const size_t n = (size_t)16 << 20;  // 64 MiB: the whole pool
+  // Not asserted: whether the out-of-memory ladder alone gets back what
+  // the calling thread cached for its per-thread and legacy streams.
+  {
+    void *w = mp.alloc_async(pool, n * 4 - 4096, s1);
+    magpool_stats_t st;
+    mp.get_stats(pool, &st);
+    std::printf("two_runtimes: NOTE whole-pool alloc_async before any release: %s "
+                "(cached %zu, pending %zu)\n", w != nullptr ? "ok" : "ENOMEM",
+                st.cached_bytes, st.pending_bytes);
+    if (w != nullptr) EXPECT(mp.free_async(pool, w, s1) == 0);
+  }
+  // Done with these streams on this pool (magpool_stream_release's use).
+  EXPECT(mp.stream_release(pool, cudaStreamPerThread) == 0);
+  EXPECT(mp.stream_release(pool, nullptr) == 0);
+  EXPECT(mp.stream_release(pool, cudaStreamLegacy) == 0);
+
   // Stream order across runtimes: a block freed on s1 behind a slow
   // kernel must not be handed to another stream before s1 passed it.
-  const size_t n = (size_t)16 << 20;  // 64 MiB: the whole pool
   auto *p = (uint32_t *)mp.alloc_async(pool, n * 4 - 4096, s1);
   EXPECT(p != nullptr);
   if (p == nullptr) {
