@@ -40,7 +40,7 @@ if [[ $mode == single ]]; then
     tail -30 "$OUT/build.log"; exit 1; }
   stamp ctest
   (cd $B && ctest --output-on-failure -j4 \
-     -R 'install_fixture|dlopen_installed|ctypes_installed|no_static_tls|test_gpu|magpool_torch') \
+     -R "${CTEST_REGEX:-install_fixture|dlopen_installed|ctypes_installed|no_static_tls|test_gpu|magpool_torch}") \
      >"$OUT/ctest-gpu.log" 2>&1 || rc=1
   grep -E "tests passed|Passed|Failed|Skipped|two_runtimes:|test_magpool_torch|test_shim|cudart" \
      "$OUT/ctest-gpu.log" | tail -40
