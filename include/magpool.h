@@ -250,7 +250,9 @@ MAGPOOL_API const char *magpool_config_error(void);
  * than min_block, or a max_pool_size below pool_size; MAGPOOL_ENOMEM if the
  * source cannot give pool_size bytes; MAGPOOL_ENODEV for a DEVICE or PINNED
  * pool on a machine with no GPU or driver, or in a build without CUDA;
- * MAGPOOL_ECUDA if a CUDA call failed.  On failure *out is left unchanged. */
+ * MAGPOOL_ECUDA if a CUDA call failed; MAGPOOL_EINVAL also when trace_path
+ * names a file that cannot be created.  On failure *out is left
+ * unchanged. */
 MAGPOOL_API int magpool_create(const magpool_config_t *cfg, magpool_t **out);
 
 /* Destroys the pool and gives all its memory back to its source, live

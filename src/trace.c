@@ -179,7 +179,7 @@ static void write_locked(mp_trace *t) {
   } else {
     n = 0;
   }
-  qsort(ev, n, sizeof *ev, ev_cmp);
+  if (n > 1) qsort(ev, n, sizeof *ev, ev_cmp);
   map m = {NULL, NULL, 64};
   while (m.cap < 2 * n) m.cap *= 2;
   m.key = calloc(m.cap, sizeof *m.key);
