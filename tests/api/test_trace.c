@@ -295,3 +295,35 @@ Test(trace, env_and_same_path) {
   free(ta.ev);
   free(tb.ev);
 }
+
+/* One thread alternates between two traced pools (its buffer follows it
+ * from one recorder to the other): each file holds exactly its own
+ * pool's events. */
+Test(trace, one_thread_two_pools) {
+  char *pa = tmp_path("two-a"), *pb = tmp_path("two-b");
+  magpool_t *a = traced_pool(pa, 4 * MiB), *b = traced_pool(pb, 4 * MiB);
+  enum { N = 6000 };
+  for (int i = 0; i < N; i++) {
+    magpool_t *p = i % 3 == 0 ? a : b;
+    void *x = magpool_alloc(p, p == a ? 100 : 200);
+    cr_assert_not_null(x);
+    cr_assert_eq(magpool_free(p, x), 0);
+  }
+  cr_assert_eq(magpool_destroy(a), 0);
+  cr_assert_eq(magpool_destroy(b), 0);
+  tevs ta = read_trace(pa), tb = read_trace(pb);
+  cr_assert_eq(ta.n, 2 * (N / 3));
+  cr_assert_eq(tb.n, 2 * (N - N / 3));
+  for (size_t i = 0; i < ta.n; i += 2)
+    cr_assert(ta.ev[i].op == 'a' && ta.ev[i].size == 100 && ta.ev[i + 1].op == 'f' &&
+              ta.ev[i + 1].id == ta.ev[i].id);
+  for (size_t i = 0; i < tb.n; i += 2)
+    cr_assert(tb.ev[i].op == 'a' && tb.ev[i].size == 200 && tb.ev[i + 1].op == 'f' &&
+              tb.ev[i + 1].id == tb.ev[i].id);
+  unlink(pa);
+  unlink(pb);
+  free(pa);
+  free(pb);
+  free(ta.ev);
+  free(tb.ev);
+}
