@@ -58,10 +58,11 @@ if [[ $mode == single ]]; then
   stamp bench
   rows=${BENCH_ROWS:-magpool,magpool-trace}
   if [[ -n ${BASE_DIR:-} ]]; then  # the same bench built on an earlier tree
-    cmake -S "$BASE_DIR" -B "$BASE_DIR/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    CPATH=/tmp/deps/usr/include${CPATH:+:$CPATH} cmake -S "$BASE_DIR" -B "$BASE_DIR/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH=/tmp/deps/usr \
       -DCMAKE_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu \
       -DCMAKE_INCLUDE_PATH=/tmp/deps/usr/include >"$OUT/base-build.log" 2>&1 &&
+      CPATH=/tmp/deps/usr/include${CPATH:+:$CPATH} \
       cmake --build "$BASE_DIR/build" -j16 --target magpool-bench magpool-bench-shared \
         >>"$OUT/base-build.log" 2>&1 || rc=1
   fi
