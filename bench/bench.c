@@ -276,8 +276,10 @@ static void usage(FILE *f) {
           "  --threads    thread counts, e.g. 1,2,4,8,16 (default: powers of two up\n"
           "               to the online CPUs, at most 16)\n"
           "  --seconds    seconds per measurement (default 1)\n"
-          "  --rows       only these rows (default all): floor, magpool, magpool-nocache,\n"
-          "               magpool-locked, magpool-device, magpool-async,\n"
+          "  --rows       only these rows (default all but magpool-trace): floor,\n"
+          "               magpool, magpool-nocache, magpool-trace (the magpool row\n"
+          "               recording a trace, to $TMPDIR), magpool-locked,\n"
+          "               magpool-device, magpool-async,\n"
           "               magpool-async-nocheck, cudaMallocAsync,\n"
           "               cub, cudaMalloc\n");
 }
@@ -357,8 +359,9 @@ static int parse_args(int argc, char **argv, options *o) {
   return 0;
 }
 
-static int row_selected(const options *o, const char *name) {
-  if (o->rows == NULL) return 1;
+static int row_selected(const options *o, const bench_row *row) {
+  const char *name = row->name;
+  if (o->rows == NULL) return !(row->flags & BENCH_ROW_OPTIN);
   size_t n = strlen(name);
   for (const char *s = o->rows; *s;) {
     const char *e = strchr(s, ',');
@@ -506,10 +509,10 @@ int main(int argc, char **argv) {
   }
 
   for (int i = 0; i < bench_host_nrows; i++)
-    if (row_selected(&o, bench_host_rows[i]->name)) tb.rows[tb.nrows++] = bench_host_rows[i];
+    if (row_selected(&o, bench_host_rows[i])) tb.rows[tb.nrows++] = bench_host_rows[i];
   if (have_gpu)
     for (int i = 0; i < bench_device_nrows; i++)
-      if (row_selected(&o, bench_device_rows[i]->name) && tb.nrows < MAX_ROWS)
+      if (row_selected(&o, bench_device_rows[i]) && tb.nrows < MAX_ROWS)
         tb.rows[tb.nrows++] = bench_device_rows[i];
   if (tb.nrows == 0) {
     fprintf(stderr, "magpool-bench: --rows selects no row available here\n");

@@ -46,6 +46,7 @@ enum bench_workload { BENCH_FIXED1K = 0, BENCH_RANDOM = 1, BENCH_NWORKLOADS };
 #define BENCH_ROW_DEVICE 1u /* needs a GPU; only with --kind device        */
 #define BENCH_ROW_SLOW 2u   /* ~tens of us per pair: look at the stop flag
                                every pair, and insist on a minimum count   */
+#define BENCH_ROW_OPTIN 4u  /* runs only when --rows names it              */
 
 /* One step of the random workload: free the block in `slot` (if any) and
  * allocate `size` bytes into it. */

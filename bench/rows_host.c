@@ -7,6 +7,9 @@
  *                   magpool_alloc / magpool_free.
  *   magpool-nocache the same with thread_cache_bytes = 0: the lock-free
  *                   tree alone.
+ *   magpool-trace   the magpool row recording a trace (trace_path, a
+ *                   file in $TMPDIR removed after the run): the cost of
+ *                   recording.  Runs only when --rows names it.
  *   magpool-locked  the same buddy tree (mp_tree_* from src/tree.h)
  *                   over a region this file manages, with this file's own
  *                   order table, all behind ONE global pthread mutex: the
@@ -17,9 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "bench.h"
+#if !BENCH_SHARED_LIB
 #include "tree.h"
+#endif
 #include "magpool.h"
 
 /* ------------------------------------------------------------------ */
@@ -107,9 +113,18 @@ static const bench_row row_floor = {
 /* magpool, magpool-nocache: HOST pools through the public API        */
 /* ------------------------------------------------------------------ */
 
+static char trace_file[512];
+
 static int magpool_row_setup(bench_run *run, size_t thread_cache_bytes, int cache_default) {
   magpool_config_t cfg;
   magpool_config_init(&cfg);
+  cfg.trace_path = NULL;
+  if (run->row->flags & BENCH_ROW_OPTIN) { /* magpool-trace */
+    const char *dir = getenv("TMPDIR");
+    snprintf(trace_file, sizeof trace_file, "%s/magpool-bench-%ld.trace",
+             dir != NULL ? dir : "/tmp", (long)getpid());
+    cfg.trace_path = trace_file;
+  }
   cfg.kind = MAGPOOL_MEM_HOST;
   cfg.pool_size = run->pool_bytes;
   cfg.allow_growth = 1; /* a request that does not fit is counted, never fatal */
@@ -133,6 +148,7 @@ static void magpool_teardown(bench_run *run) {
   if (rc != 0)
     fprintf(stderr, "magpool-bench: %s: magpool_destroy: %s (%d)\n", run->row->name,
             magpool_strerror(rc), rc);
+  if (run->row->flags & BENCH_ROW_OPTIN) unlink(trace_file);
   run->ctx = NULL;
 }
 
@@ -159,6 +175,16 @@ static const bench_row row_magpool = {
     .strerror = magpool_strerror,
 };
 
+static const bench_row row_magpool_trace = {
+    .name = "magpool-trace",
+    .what = "the magpool row recording a trace (trace_path in $TMPDIR)",
+    .flags = BENCH_ROW_OPTIN,
+    .setup = magpool_setup,
+    .teardown = magpool_teardown,
+    .body = magpool_body,
+    .strerror = magpool_strerror,
+};
+
 static const bench_row row_magpool_nocache = {
     .name = "magpool-nocache",
     .what = "HOST pool, thread_cache_bytes = 0: the lock-free buddy tree alone",
@@ -168,6 +194,7 @@ static const bench_row row_magpool_nocache = {
     .strerror = magpool_strerror,
 };
 
+#if !BENCH_SHARED_LIB /* the tree is hidden in the shared library */
 /* ------------------------------------------------------------------ */
 /* magpool-locked: the same tree behind one mutex                     */
 /* ------------------------------------------------------------------ */
@@ -276,6 +303,7 @@ static const bench_row row_locked = {
     .body = locked_body,
     .strerror = magpool_strerror,
 };
+#endif
 
 /* ------------------------------------------------------------------ */
 
@@ -283,6 +311,9 @@ const bench_row *const bench_host_rows[] = {
     &row_floor,
     &row_magpool,
     &row_magpool_nocache,
+    &row_magpool_trace,
+#if !BENCH_SHARED_LIB
     &row_locked,
+#endif
 };
 const int bench_host_nrows = (int)(sizeof bench_host_rows / sizeof bench_host_rows[0]);

@@ -159,6 +159,19 @@ typedef struct magpool_config {
                                 is given back.  Default SIZE_MAX (keep
                                 all); magpool_trim unmaps every empty
                                 chunk beyond pool_size                  */
+  const char *trace_path;    /* non-NULL: record every allocation and free
+                                of the pool (sync and async) into this
+                                file, in magpool's trace format (README,
+                                "Recording and replaying a trace"): per-
+                                thread buffers, merged in call order and
+                                written at magpool_destroy or at process
+                                exit.  "%p" in the path becomes the
+                                process id.  A path another pool of the
+                                process already records to gets ".N"
+                                appended (N: the pool's number).  The
+                                string is copied at create.  Default:
+                                the MAGPOOL_TRACE environment variable,
+                                else NULL                                */
 } magpool_config_t;
 
 /* Statistics of one pool, summed over all threads.  Counters are kept per
@@ -196,8 +209,40 @@ typedef struct magpool_stats {
 /* Pools                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* Fills *cfg with the defaults above.  No-op if cfg is NULL. */
+/* Fills *cfg with the defaults above, then applies the environment:
+ * MAGPOOL_CONF (a magpool_config_parse string) over the built-in
+ * defaults, and MAGPOOL_TRACE (a path) as trace_path unless MAGPOOL_CONF
+ * named trace_path.  A program's own settings made after this call win
+ * over both.  A MAGPOOL_CONF that does not parse is ignored as a whole,
+ * with one line on stderr naming the bad key or value (once per
+ * process).  No-op if cfg is NULL. */
 MAGPOOL_API void magpool_config_init(magpool_config_t *cfg);
+
+/* Applies a "key=value,key=value" string to *cfg: each key is the name of
+ * a magpool_config_t field (except struct_size).  Values:
+ *   - sizes: a decimal number with an optional binary suffix K, M, G or T
+ *     (KiB ... TiB; "k", "KB", "KiB" mean the same), or "max" (SIZE_MAX);
+ *   - flags (allow_growth, capture_check): 0, 1, true, false, yes, no,
+ *     on, off;
+ *   - kind: host, device, pinned, or 0, 1, 2;
+ *   - device: a decimal number >= 0;
+ *   - trace_path: the text up to the next comma (copied; kept for the
+ *     life of the process); an empty value sets NULL.
+ * Spaces around keys and values are ignored, and so are empty items
+ * ("a=1,,b=2," is fine).  A key may appear more than once: the last
+ * wins.  Values are checked for syntax and range of their type only;
+ * magpool_create checks the combination.  Fields beyond cfg->struct_size
+ * (a program built against an older header) are unknown keys.
+ * Returns 0, or MAGPOOL_EINVAL - changing nothing in *cfg - for a NULL
+ * argument, an unknown key, an item without '=', or a bad value;
+ * magpool_config_error() then names the key or value. */
+MAGPOOL_API int magpool_config_parse(magpool_config_t *cfg, const char *conf);
+
+/* A never-NULL English description of why the calling thread's last
+ * failing magpool_config_parse failed, e.g. "unknown key 'pool_sise'";
+ * "" if none has failed on this thread.  Thread-local storage, valid
+ * until the thread's next magpool_config_parse. */
+MAGPOOL_API const char *magpool_config_error(void);
 
 /* Creates a pool and stores it in *out.
  * Returns MAGPOOL_EINVAL for a NULL argument, a struct_size too small, a
@@ -205,7 +250,9 @@ MAGPOOL_API void magpool_config_init(magpool_config_t *cfg);
  * than min_block, or a max_pool_size below pool_size; MAGPOOL_ENOMEM if the
  * source cannot give pool_size bytes; MAGPOOL_ENODEV for a DEVICE or PINNED
  * pool on a machine with no GPU or driver, or in a build without CUDA;
- * MAGPOOL_ECUDA if a CUDA call failed.  On failure *out is left unchanged. */
+ * MAGPOOL_ECUDA if a CUDA call failed; MAGPOOL_EINVAL also when trace_path
+ * names a file that cannot be created.  On failure *out is left
+ * unchanged. */
 MAGPOOL_API int magpool_create(const magpool_config_t *cfg, magpool_t **out);
 
 /* Destroys the pool and gives all its memory back to its source, live

@@ -90,10 +90,16 @@ MP_INLINE void *alloc_impl(magpool_t *pool, size_t size, uint32_t flags) {
   return alloc_full(pool, size, flags);
 }
 
+/* Trace recording (trace.c): one load and a branch when off.  An
+ * allocation is recorded once it succeeded; a free takes its sequence
+ * number before it is made (see trace.c). */
+#define TRACED(pool) MP_UNLIKELY((pool)->trace != NULL)
+
 void *magpool_alloc(magpool_t *pool, size_t size) {
   MP_DBG_ENTER(pool);
   void *p = alloc_impl(pool, size, 0);
   MP_DBG_LEAVE(pool);
+  if (p != NULL && TRACED(pool)) mp_trace_alloc(pool->trace, p, size, NULL);
   return p;
 }
 
@@ -101,6 +107,7 @@ void *mp_alloc_flags(magpool_t *pool, size_t size, uint32_t flags) {
   MP_DBG_ENTER(pool);
   void *p = alloc_impl(pool, size, flags);
   MP_DBG_LEAVE(pool);
+  if (p != NULL && TRACED(pool)) mp_trace_alloc(pool->trace, p, size, NULL);
   return p;
 }
 
@@ -193,25 +200,30 @@ MP_INLINE int free_impl(magpool_t *pool, void *p, size_t size, bool sized, bool 
   return free_full(pool, p, size, sized, scoped);
 }
 
-int mp_free_checked(magpool_t *pool, void *p, size_t size, bool sized, bool scoped) {
-  MP_DBG_ENTER(pool);
+static MP_NOINLINE int free_traced(magpool_t *pool, void *p, size_t size, bool sized,
+                                   bool scoped) {
+  uint64_t seq = mp_trace_seq(pool->trace);
   int rc = free_impl(pool, p, size, sized, scoped);
+  if (rc == 0) mp_trace_free(pool->trace, seq, p, NULL);
+  return rc;
+}
+
+MP_INLINE int free_entry(magpool_t *pool, void *p, size_t size, bool sized, bool scoped) {
+  MP_DBG_ENTER(pool);
+  int rc = pool != NULL && p != NULL && TRACED(pool) ? free_traced(pool, p, size, sized, scoped)
+                                                     : free_impl(pool, p, size, sized, scoped);
   MP_DBG_LEAVE(pool);
   return rc;
 }
 
-int magpool_free(magpool_t *pool, void *ptr) {
-  MP_DBG_ENTER(pool);
-  int rc = free_impl(pool, ptr, 0, false, false);
-  MP_DBG_LEAVE(pool);
-  return rc;
+int mp_free_checked(magpool_t *pool, void *p, size_t size, bool sized, bool scoped) {
+  return free_entry(pool, p, size, sized, scoped);
 }
+
+int magpool_free(magpool_t *pool, void *ptr) { return free_entry(pool, ptr, 0, false, false); }
 
 int magpool_free_sized(magpool_t *pool, void *ptr, size_t size) {
-  MP_DBG_ENTER(pool);
-  int rc = free_impl(pool, ptr, size, true, false);
-  MP_DBG_LEAVE(pool);
-  return rc;
+  return free_entry(pool, ptr, size, true, false);
 }
 
 /* -------------------------------------------------------------- queries */

@@ -100,6 +100,8 @@ void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
   ret = alloc_async_full(pool, size, s);
 out:
   MP_DBG_LEAVE(pool);
+  /* Trace recording (trace.c): after the allocation succeeded. */
+  if (ret != NULL && MP_UNLIKELY(pool->trace != NULL)) mp_trace_alloc(pool->trace, ret, size, s);
   return ret;
 }
 
@@ -204,9 +206,19 @@ static inline int free_async_impl(magpool_t *pool, void *ptr, magpool_stream_t s
   return free_async_full(pool, ptr, s);
 }
 
+/* Trace recording (trace.c): the sequence number before the free. */
+static MP_NOINLINE int free_async_traced(magpool_t *pool, void *ptr, magpool_stream_t s) {
+  uint64_t seq = mp_trace_seq(pool->trace);
+  int rc = free_async_impl(pool, ptr, s);
+  if (rc == 0) mp_trace_free(pool->trace, seq, ptr, s);
+  return rc;
+}
+
 int magpool_free_async(magpool_t *pool, void *ptr, magpool_stream_t s) {
   MP_DBG_ENTER(pool);
-  int rc = free_async_impl(pool, ptr, s);
+  int rc = pool != NULL && ptr != NULL && MP_UNLIKELY(pool->trace != NULL)
+               ? free_async_traced(pool, ptr, s)
+               : free_async_impl(pool, ptr, s);
   MP_DBG_LEAVE(pool);
   return rc;
 }

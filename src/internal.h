@@ -17,6 +17,32 @@
 #include "tree.h"
 #include "types.h"
 
+/* ============================================================ layer 0 */
+
+/* --------------------------------------------------------- config_parse.c */
+/* Applies MAGPOOL_TRACE and MAGPOOL_CONF to *cfg (magpool_config_init).
+ * Any thread. */
+void mp_config_apply_env(magpool_config_t *cfg);
+
+/* ---------------------------------------------------------------- trace.c */
+/* A pool's trace recorder (magpool_config_t.trace_path). */
+typedef struct mp_trace mp_trace;
+/* Opens a recorder writing to path ("%p": the pid; a path already open in
+ * the process gets ".uid"); header becomes a comment line.  0,
+ * MAGPOOL_ENOMEM, or MAGPOOL_EINVAL if the file cannot be created.  Any
+ * thread. */
+int mp_trace_open(mp_trace **out, const char *path, uint64_t uid, const char *header);
+/* Writes the trace (unless process exit did) and frees the recorder.
+ * Must not overlap a record call on it (magpool_destroy's contract). */
+void mp_trace_close(mp_trace *t);
+/* Records a successful allocation: call after it succeeded, before the
+ * pointer is returned.  Any thread. */
+void mp_trace_alloc(mp_trace *t, const void *p, size_t size, const void *stream);
+/* A free's sequence number: take it before the free is made, and record
+ * the free with mp_trace_free only if it succeeded.  Any thread. */
+uint64_t mp_trace_seq(mp_trace *t);
+void mp_trace_free(mp_trace *t, uint64_t seq, const void *p, const void *stream);
+
 /* ============================================================ layer 1 */
 
 /* ----------------------------------------------------------- source_host.c */

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,6 +48,8 @@ void magpool_config_init(magpool_config_t *cfg) {
   cfg->capture_check = 1;
   cfg->chunk_size = MP_DEFAULT_CHUNK;
   cfg->release_threshold = SIZE_MAX;
+  cfg->trace_path = NULL;
+  mp_config_apply_env(cfg); /* MAGPOOL_CONF, MAGPOOL_TRACE (config_parse.c) */
 }
 
 /* The fields every caller must have (the first version's config). */
@@ -159,11 +162,21 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   if (rc != 0) goto fail_region;
   mp_revoke_init();
   rc = mp_stream_table_init(pool);
-  if (rc != 0) goto fail_streams;
+  if (rc != 0) goto fail_mags;
+  pool->cfg.trace_path = NULL; /* the caller's string; the recorder copies it */
+  if (c.trace_path != NULL) {
+    char hdr[160];
+    snprintf(hdr, sizeof hdr, "pool kind=%d pool_size=%zu min_block=%zu allow_growth=%d",
+             (int)c.kind, c.pool_size, c.min_block, c.allow_growth);
+    rc = mp_trace_open(&pool->trace, c.trace_path, pool->uid, hdr);
+    if (rc != 0) goto fail_trace;
+  }
   *out = pool;
   return 0;
 
-fail_streams:
+fail_trace:
+  mp_streams_destroy(pool);
+fail_mags:
   mp_mags_destroy(pool);
 fail_region:
   mp_region_destroy(pool, pool->regions[0]);
@@ -181,6 +194,7 @@ int magpool_destroy(magpool_t *pool) {
   if (pool == NULL) return MAGPOOL_EINVAL;
   MP_DBG_ENTER(pool);
   if (MP_DEBUG >= 2) mp_debug_check_quiescent(pool);
+  mp_trace_close(pool->trace);
   /* Thread records first: a thread that is exiting right now is walking
    * its stream slots, and tcaches_destroy waits for it; only then may
    * the slots go. */
@@ -330,6 +344,7 @@ int magpool_trim(magpool_t *pool) {
   mp_regions_coalesce(pool);
   if (pool->chunks != NULL) mp_chunks_trim(pool);
   if (MP_DEBUG >= 2) mp_debug_check_quiescent(pool);
+  mp_trace_close(pool->trace);
   MP_DBG_LEAVE(pool);
   return 0;
 }

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-_Thread_local mp_tcache *mp_tls_last __attribute__((tls_model("initial-exec")));
+_Thread_local mp_tcache *mp_tls_last MP_TLS_MODEL;
 static _Thread_local mp_tcache *tls_list;
 
 static pthread_key_t tls_key;

@@ -12,9 +12,20 @@
  * only. */
 mp_tcache *mp_tcache_get_slow(magpool_t *pool);
 
-/* The last record this thread used.  initial-exec: one %fs-relative load,
- * no __tls_get_addr call (8 bytes of static TLS). */
-extern _Thread_local mp_tcache *mp_tls_last __attribute__((tls_model("initial-exec")));
+/* The last record this thread used.  In the static archive initial-exec:
+ * one %fs-relative load, no __tls_get_addr call (8 bytes of static TLS;
+ * the linker relaxes it to local-exec in a program).  In the shared
+ * library (MP_SHARED_LIB) the default global-dynamic model, which needs
+ * no static TLS, so that dlopen() accepts the library in a running
+ * process; the build asks for TLS descriptors there where the compiler
+ * has them (CMakeLists.txt), which glibc resolves to a static-TLS load
+ * when it has room. */
+#if defined(MP_SHARED_LIB)
+#  define MP_TLS_MODEL
+#else
+#  define MP_TLS_MODEL __attribute__((tls_model("initial-exec")))
+#endif
+extern _Thread_local mp_tcache *mp_tls_last MP_TLS_MODEL;
 
 /* The memo check.  A pool's trim epoch starts at uid << 32, so one compare
  * covers both "a trim ran since" and "this record belongs to a destroyed

@@ -402,6 +402,7 @@ struct magpool_s {
   void *track;                 /* track.c state, NULL when off          */
   _Atomic int tracking;
 
+  struct mp_trace *trace;      /* trace.c recorder, NULL when off       */
   mp_retire retire;            /* retire.c                              */
   mp_streams *streams;         /* stream_table.c                        */
 

@@ -38,6 +38,8 @@ LAYERS='
 errors.c        0   base: error codes, last-error slots, test hooks,
 hook.c          0   the revoke handshake
 revoke.c        0
+config_parse.c  0   MAGPOOL_CONF parser, trace recorder
+trace.c         0
 
 source_host.c   1   memory sources and ordering
 source_fail.c   1

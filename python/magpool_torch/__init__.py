@@ -1,0 +1,204 @@
+"""magpool_torch - magpool as PyTorch's CUDA allocator.
+
+    import magpool_torch
+    magpool_torch.enable()            # before any CUDA allocation
+    ...                               # train as usual
+
+enable(**config) takes any magpool_config_t field (pool_size="1G",
+allow_growth=True, thread_cache_bytes="4M", max_pool_size=..., ...); they
+apply over the MAGPOOL_CONF environment variable, which applies over
+magpool's defaults (the module's own default is allow_growth=1).  kind and
+device are set by the module: one DEVICE pool per GPU, created on the
+first allocation on that GPU.
+
+What a pluggable allocator cannot see (and what to do instead):
+  - Tensor.record_stream(s): PyTorch does not pass it on.  A block is
+    freed in the order of the stream it was allocated on.  Before the
+    last reference to a tensor used on another stream goes, make the
+    allocating stream wait for that stream
+    (alloc_stream.wait_stream(other), or an event), or synchronise.
+  - torch.cuda.memory_stats() and friends raise for pluggable allocators:
+    use magpool_torch.memory_stats(); torch.cuda.empty_cache() does not
+    reach magpool: use magpool_torch.empty_cache().
+  - CUDA graphs (torch.cuda.graph) need PyTorch's private pools: not
+    supported through a pluggable allocator.
+
+MAGPOOL_TRACE=path records every allocation and free (one file per pool;
+"%p" in the path becomes the process id), written at exit; replay it with
+magpool-replay.
+"""
+import ctypes
+import hashlib
+import os
+import subprocess
+import sys
+import sysconfig
+
+__all__ = ["enable", "is_enabled", "memory_stats", "empty_cache",
+           "reset_peak_memory_stats", "library_path"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SHIM = os.path.join(_HERE, "libmagpool_torch.so")
+_lib = None
+_oom_lib = None
+_enabled = False
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "allocated_current", "allocated_peak", "reserved_current", "reserved_peak",
+        "num_alloc_retries", "num_ooms", "alloc_count", "free_count", "live_count",
+        "pool_created", "grow_count", "alloc_ns", "free_ns", "slow_allocs", "max_alloc_ns")]
+
+
+def library_path():
+    """The path of libmagpool_torch.so (the CUDAPluggableAllocator)."""
+    return _SHIM
+
+
+def _load():
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(_SHIM)
+        lib.magpool_torch_configure.argtypes = [ctypes.c_char_p]
+        lib.magpool_torch_get_stats.argtypes = [ctypes.c_int, ctypes.POINTER(_Stats)]
+        lib.magpool_torch_empty_cache.argtypes = [ctypes.c_int]
+        lib.magpool_torch_reset_peak.argtypes = [ctypes.c_int]
+        lib.magpool_torch_set_oom_handler.argtypes = [ctypes.c_void_p]
+        lib.magpool_config_error.restype = ctypes.c_char_p
+        _lib = lib
+    return _lib
+
+
+def _conf_string(config):
+    items = []
+    for key, value in config.items():
+        if key in ("kind", "device"):
+            raise ValueError("magpool_torch: %s is set by the module (one DEVICE pool "
+                             "per GPU)" % key)
+        if isinstance(value, bool):
+            value = int(value)
+        if value is None:
+            value = ""
+        value = str(value)
+        if "," in value or "=" in value:
+            raise ValueError("magpool_torch: bad value %r for %s" % (value, key))
+        items.append("%s=%s" % (key, value))
+    return ",".join(items)
+
+
+def _build_oom_helper():
+    """Compiles oom.cpp against the running PyTorch, once per PyTorch
+    build (cached under $MAGPOOL_TORCH_CACHE, default
+    ~/.cache/magpool_torch).  Returns the library's path or None."""
+    import torch
+    from torch.utils import cpp_extension
+    src = os.path.join(_HERE, "oom.cpp")
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    with open(src, "rb") as f:
+        key = hashlib.sha256(f.read() + repr((torch.__version__, torch.__file__, abi,
+                                              _SHIM)).encode())
+    cache = os.environ.get("MAGPOOL_TORCH_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "magpool_torch")
+    so = os.path.join(cache, "oom-%s.so" % key.hexdigest()[:16])
+    if not os.path.exists(so):
+        os.makedirs(cache, exist_ok=True)
+        cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
+        tmp = "%s.%d.tmp" % (so, os.getpid())
+        cmd = cxx.split() + ["-O2", "-shared", "-fPIC", "-std=c++17",
+                             "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi]
+        cmd += ["-I" + p for p in cpp_extension.include_paths()]
+        cmd += [src, "-o", tmp, "-L" + torch_lib, "-lc10", "-Wl,-rpath," + torch_lib,
+                _SHIM, "-Wl,-rpath," + _HERE]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if r.returncode != 0:
+            sys.stderr.write("magpool_torch: could not build the out-of-memory helper "
+                             "(allocation failures will not raise torch.OutOfMemoryError):\n"
+                             + r.stdout.decode(errors="replace")[-2000:] + "\n")
+            return None
+        os.replace(tmp, so)
+    return so
+
+
+def enable(**config):
+    """Makes magpool PyTorch's CUDA allocator.  Call before anything
+    allocates CUDA memory (PyTorch refuses to swap an allocator in use).
+    config: magpool_config_t fields, applied over MAGPOOL_CONF.  Raises
+    ValueError for an unknown field or a bad value."""
+    global _enabled, _oom_lib
+    lib = _load()
+    conf = _conf_string(config)
+    if lib.magpool_torch_configure(conf.encode()) != 0:
+        raise ValueError("magpool_torch.enable: %s" % lib.magpool_config_error().decode())
+    if _enabled:
+        return
+    import torch
+    if _oom_lib is None:
+        _oom_lib = _build_oom_helper()
+    if _oom_lib is not None:
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(
+            _oom_lib, "magpool_torch_alloc_or_throw", "magpool_torch_free_fwd")
+    else:  # no C++ compiler: failures come back as NULL (see the warning)
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(
+            _SHIM, "magpool_torch_alloc", "magpool_torch_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+    _enabled = True
+
+
+def is_enabled():
+    """True once enable() has switched PyTorch's allocator."""
+    return _enabled
+
+
+def _device_index(device):
+    if device is None:
+        import torch
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    import torch
+    d = torch.device(device)
+    return d.index if d.index is not None else torch.cuda.current_device()
+
+
+def memory_stats(device=None):
+    """The keys of torch.cuda.memory_stats() that apply, for one device:
+    allocated_bytes.all.current/.peak (bytes PyTorch asked for, in live
+    blocks), reserved_bytes.all.current/.peak (what the pool took from the
+    GPU), num_alloc_retries, num_ooms, allocation.all.current /
+    .allocated / .freed (counts); plus magpool.* keys: pool_created,
+    grow_count, and the time spent in the allocator's entry points
+    (alloc_ns, free_ns, slow_allocs over 100 us, max_alloc_ns)."""
+    st = _Stats()
+    if _load().magpool_torch_get_stats(_device_index(device), ctypes.byref(st)) != 0:
+        raise ValueError("magpool_torch.memory_stats: bad device %r" % (device,))
+    return {
+        "allocated_bytes.all.current": st.allocated_current,
+        "allocated_bytes.all.peak": st.allocated_peak,
+        "reserved_bytes.all.current": st.reserved_current,
+        "reserved_bytes.all.peak": st.reserved_peak,
+        "num_alloc_retries": st.num_alloc_retries,
+        "num_ooms": st.num_ooms,
+        "allocation.all.current": st.live_count,
+        "allocation.all.allocated": st.alloc_count,
+        "allocation.all.freed": st.free_count,
+        "magpool.pool_created": st.pool_created,
+        "magpool.grow_count": st.grow_count,
+        "magpool.alloc_ns": st.alloc_ns,
+        "magpool.free_ns": st.free_ns,
+        "magpool.slow_allocs": st.slow_allocs,
+        "magpool.max_alloc_ns": st.max_alloc_ns,
+    }
+
+
+def empty_cache(device=None):
+    """Trims magpool's pool(s): cached blocks go back to the pool's tree
+    (magpool_trim).  device None: every device."""
+    _load().magpool_torch_empty_cache(-1 if device is None else _device_index(device))
+
+
+def reset_peak_memory_stats(device=None):
+    """Restarts allocated_bytes.all.peak and reserved_bytes.all.peak.
+    device None: every device."""
+    _load().magpool_torch_reset_peak(-1 if device is None else _device_index(device))

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""gpt2_parity.py - GPT-2 training with magpool as PyTorch's allocator must
+give bit-identical losses to PyTorch's own allocator.
+
+The model: GPT-2 from a transformers config (no download), 6 layers,
+random init, fixed seeds, batch 8 x 512 random tokens, bf16 autocast,
+AdamW, 30 steps, torch.use_deterministic_algorithms(True),
+CUBLAS_WORKSPACE_CONFIG=:4096:8, attention on its math kernels (eager
+attention; flash, memory-efficient and cuDNN SDPA off).  Every step also
+works on a side stream: it copies the next batch to the GPU and computes
+the gradient norm there, with the stream synchronisation a pluggable
+allocator needs (no record_stream: see magpool_torch's docstring).
+
+    gpt2_parity.py --compare [--repeat N] [--out DIR] [--magpool-conf "K=V,...;K=V,..."]
+        runs each allocator in its own process (the allocator must be
+        chosen before any CUDA allocation), N times alternating, compares
+        the losses bit for bit and prints peak reserved and mean step time
+        (steps after --warmup) of each; --magpool-conf lists magpool
+        configurations (';' between them), each run as its own allocator.
+        Exit 1 if the losses differ.
+    gpt2_parity.py --compare --ddp --nproc 2
+        the same with torchrun and DistributedDataParallel over NCCL, one
+        pool per device; each rank's losses must match the same rank's on
+        PyTorch's allocator.
+    gpt2_parity.py --child --allocator torch|magpool [--ddp] --out FILE
+        one run (what --compare starts).
+Exit 77 when PyTorch with CUDA or transformers is missing (skipped)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def child(args):
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    for k, v in NO_MULTICAST.items():
+        os.environ.setdefault(k, v)
+    import torch
+    if args.allocator == "magpool":
+        import magpool_torch as mt
+        conf = dict(kv.split("=", 1) for kv in args.magpool_conf.split(",") if kv)
+        mt.enable(**conf)
+    rank, local, world = 0, 0, 1
+    if args.ddp:
+        import torch.distributed as dist
+        rank = int(os.environ["RANK"])
+        local = int(os.environ["LOCAL_RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    dev = torch.device("cuda", local)
+    torch.manual_seed(1234)
+    torch.cuda.manual_seed_all(1234)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_math_sdp(True)
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(n_layer=6, n_head=12, n_embd=768, n_positions=512, vocab_size=50257,
+                     attn_implementation="eager")
+    try:
+        cfg._attn_implementation = "eager"
+    except Exception:  # noqa: BLE001 - older/newer config classes
+        pass
+    model = GPT2LMHeadModel(cfg).to(dev)
+    if args.ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, device_ids=[local])
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    params = [p for p in model.parameters()]
+    gen = torch.Generator().manual_seed(4321 + rank)
+    tokens = torch.randint(0, cfg.vocab_size, (args.steps, args.batch, args.seq), generator=gen)
+
+    main = torch.cuda.current_stream(dev)
+    side = torch.cuda.Stream(dev)
+    with torch.cuda.stream(side):
+        nxt = tokens[0].to(dev)
+    losses, gnorms, times = [], [], []
+    torch.cuda.synchronize(dev)
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        batch = nxt                      # allocated on side
+        main.wait_stream(side)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(input_ids=batch, labels=batch)
+        loss = out.loss
+        loss.backward()
+        side.wait_stream(main)           # side passes main's use of batch and grads
+        with torch.cuda.stream(side):
+            if step + 1 < args.steps:
+                nxt = tokens[step + 1].to(dev)
+            gn = torch.stack([p.grad.detach().float().norm() for p in params]).norm()
+        main.wait_stream(side)           # main passes side's use of the grads
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        gnorms.append(gn.item())
+        del batch, out, loss, gn         # batch: freed on side, which waited for main
+        torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    res = {"allocator": args.allocator, "rank": rank, "world": world,
+           "losses": [x.hex() for x in losses], "gnorms": [x.hex() for x in gnorms],
+           "loss_first": losses[0], "loss_last": losses[-1],
+           "step_ms": [t * 1e3 for t in times],
+           "mean_step_ms": 1e3 * sum(times[args.warmup:]) / len(times[args.warmup:])}
+    if args.allocator == "magpool":
+        import magpool_torch as mt
+        st = mt.memory_stats(dev)
+        res["peak_reserved"] = st["reserved_bytes.all.peak"]
+        res["peak_allocated"] = st["allocated_bytes.all.peak"]
+        res["magpool_stats"] = st
+        if st["num_ooms"] != 0:
+            print("gpt2_parity: magpool reported out-of-memory errors: %r" % st)
+    else:
+        res["peak_reserved"] = torch.cuda.max_memory_reserved(dev)
+        res["peak_allocated"] = torch.cuda.max_memory_allocated(dev)
+    if args.ddp:
+        import torch.distributed as dist
+        dist.barrier()
+        dist.destroy_process_group()
+    out = args.out if not args.ddp else "%s.rank%d.json" % (args.out, rank)
+    with open(out, "w") as f:
+        json.dump(res, f)
+    print("RESULT", json.dumps({k: res[k] for k in ("allocator", "rank", "loss_first",
+                                                   "loss_last", "mean_step_ms",
+                                                   "peak_reserved", "peak_allocated")}),
+          flush=True)
+
+
+def launch(args, allocator, out, conf=""):
+    me = os.path.abspath(__file__)
+    common = ["--child", "--allocator", allocator, "--out", out, "--steps", str(args.steps),
+              "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq),
+              "--magpool-conf", conf]
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1",
+               **NO_MULTICAST)
+    if args.ddp:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(args.nproc), me, "--ddp"] + common
+    else:
+        cmd = [sys.executable, me] + common
+    r = subprocess.run(cmd, env=env)
+    if r.returncode != 0:
+        print("gpt2_parity: the %s run failed (%d)" % (allocator, r.returncode))
+        sys.exit(1)
+    if args.ddp:
+        return [json.load(open("%s.rank%d.json" % (out, k))) for k in range(args.nproc)]
+    return [json.load(open(out))]
+
+
+def compare(args):
+    try:
+        import torch
+        import transformers  # noqa: F401
+        if not torch.cuda.is_available():
+            raise ImportError("no CUDA device")
+    except Exception as e:  # noqa: BLE001
+        print("gpt2_parity: skipped:", e)
+        sys.exit(77)
+    os.makedirs(args.out, exist_ok=True)
+    tag = "ddp" if args.ddp else "single"
+    confs = args.magpool_conf.split(";")
+    labels = ["torch"] + ["magpool" + ("[%s]" % c if c else "") for c in confs]
+    runs = {label: [] for label in labels}
+    for i in range(args.repeat):
+        for k, label in enumerate(labels):
+            alloc = "torch" if k == 0 else "magpool"
+            conf = "" if k == 0 else confs[k - 1]
+            runs[label].append(launch(args, alloc, os.path.join(
+                args.out, "%s_%s%d_%d.json" % (tag, alloc, k, i)), conf))
+    ok = True
+    ref = runs["torch"][0]
+    for alloc, reps in runs.items():
+        for i, ranks in enumerate(reps):
+            for r, res in enumerate(ranks):
+                same = res["losses"] == ref[r]["losses"]
+                ok &= same
+                if not same:
+                    bad = [k for k, (a, b) in enumerate(zip(res["losses"], ref[r]["losses"]))
+                           if a != b]
+                    print("gpt2_parity: %s run %d rank %d: losses differ from step %d"
+                          % (alloc, i, r, bad[0] if bad else -1))
+    print("gpt2_parity (%s, %d rank(s), %d steps, batch %dx%d): losses %s" % (
+        tag, len(ref), args.steps, args.batch, args.seq,
+        "BIT-IDENTICAL" if ok else "DIFFER"))
+    for alloc, reps in runs.items():
+        for r in range(len(ref)):
+            ms = [reps[i][r]["mean_step_ms"] for i in range(len(reps))]
+            pk = max(reps[i][r]["peak_reserved"] for i in range(len(reps)))
+            pa = max(reps[i][r]["peak_allocated"] for i in range(len(reps)))
+            print("SUMMARY parity=%s allocator=%s rank=%d mean_step_ms=%s peak_reserved_mib=%.0f "
+                  "peak_allocated_mib=%.0f loss_last=%.6f" % (
+                      tag, alloc, r, ",".join("%.2f" % m for m in ms), pk / 2**20, pa / 2**20,
+                      reps[0][r]["loss_last"]))
+            st = reps[-1][r].get("magpool_stats")
+            if st:
+                print("MAGPOOL allocator=%s rank=%d grow_count=%d alloc_ms_per_step=%.2f "
+                      "free_ms_per_step=%.2f slow_allocs=%d max_alloc_ms=%.2f allocs=%d "
+                      "first_step_ms=%.1f" % (
+                          alloc, r, st["magpool.grow_count"],
+                          st["magpool.alloc_ns"] / 1e6 / args.steps,
+                          st["magpool.free_ns"] / 1e6 / args.steps, st["magpool.slow_allocs"],
+                          st["magpool.max_alloc_ns"] / 1e6, st["allocation.all.allocated"],
+                          reps[-1][r]["step_ms"][0]))
+    sys.exit(0 if ok else 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--ddp", action="store_true")
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--allocator", choices=["torch", "magpool"], default="torch")
+    ap.add_argument("--out", default="gpt2_parity_out")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--magpool-conf", default="")
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()
