@@ -70,6 +70,8 @@ static int config_load(const magpool_config_t *in, magpool_config_t *out) {
   /* Cached blocks stay under 32 MiB so their header's slack field never
    * needs the big-slack words (the fast paths rely on it). */
   if (out->cache_max_block > ((size_t)16 << 20)) out->cache_max_block = (size_t)16 << 20;
+  size_t ch = out->chunk_size;
+  if (ch < ((size_t)64 << 10) || ch > ((size_t)1 << 30) || (ch & (ch - 1)) != 0) return MAGPOOL_EINVAL;
   if (out->kind != MAGPOOL_MEM_HOST && out->kind != MAGPOOL_MEM_DEVICE &&
       out->kind != MAGPOOL_MEM_PINNED)
     return MAGPOOL_EINVAL;

@@ -182,7 +182,9 @@ static int64_t prefer_mapped(magpool_t *pool, mp_region *r, int64_t off, unsigne
   mp_chunks *c = pool->chunks;
   if (mp_block_bytes(pool, order) > c->chunk) return off;
   uint64_t ch = ((uint64_t)off << pool->min_shift) >> c->shift;
-  if (mp_load_relaxed(&c->state[ch]) == MP_CHUNK_MAPPED) return off;
+  /* Only a chunk that is unmapped: one being unmapped (UNMAPPING) is
+   * settled by the take's slow path under the lock. */
+  if (mp_load_relaxed(&c->state[ch]) != MP_CHUNK_UNMAPPED) return off;
   uint64_t cand[MP_PREFER_TRIES];
   unsigned n = mp_chunks_empty_low(pool, cand, MP_PREFER_TRIES);
   unsigned cshift = c->shift - pool->min_shift;

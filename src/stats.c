@@ -129,6 +129,17 @@ static int scan_live(magpool_t *pool, mp_region *r, uint64_t from, uint64_t to,
     if (!mp_hdr_live(w)) continue;
     unsigned o = mp_hdr_order(w);
     uint64_t len = (uint64_t)1 << o;
+    const mp_chunks *c = pool->chunks;
+    if (c != NULL && u >= r->tree.nunits) { /* a run (runs.c): whole chunks */
+      uint64_t per = (uint64_t)1 << (c->shift - pool->min_shift);
+      size_t cost = mp_block_cost(pool, r->base + (u << pool->min_shift), o);
+      if ((u & (per - 1)) != 0 || cost == 0 || u + (cost >> pool->min_shift) > r->nunits)
+        return MAGPOOL_EINVAL;
+      *live_units += cost >> pool->min_shift;
+      *live_cost += cost;
+      u += (cost >> pool->min_shift) - 1;
+      continue;
+    }
     if ((u & (len - 1)) != 0 || u + len > r->nunits) return MAGPOOL_EINVAL;
     if (mp_tree_is_free(&r->tree, u, o)) return MAGPOOL_EINVAL;
     *live_units += len;

@@ -648,6 +648,11 @@ static void decode_config(rd *r, magpool_config_t *cfg) {
 static void pool_create(rd *r) {
   magpool_config_t cfg;
   decode_config(r, &cfg);
+  /* The model is of whole-region pools (block = power of two, aligned to
+   * itself, inside region 0): a chunk larger than the pool keeps the pool
+   * unchunked.  Chunked pools are checked by tests/unit/test_chunks.c,
+   * the replay tests and the stress harness. */
+  cfg.chunk_size = (size_t)1 << 30;
   magpool_t *pool = NULL;
   int rc = magpool_create(&cfg, &pool);
   CHECK(rc == 0 && pool != NULL, "magpool_create(pool %zu, min_block %zu, max %zu) = %d",

@@ -1,0 +1,249 @@
+/* test_chunks.c - the chunk map (chunk.c) and the runs (runs.c) of a
+ * chunked HOST pool, and the two windows where a take and an unmap meet.
+ *
+ *   chunks::maps_on_demand_then_trims   memory is mapped as blocks need
+ *        it, counted in reserved_bytes, and trim unmaps down to pool_size
+ *   chunks::runs_reuse_mapped_chunks    a run freed and asked for again
+ *        comes back where its chunks are still mapped: nothing is mapped
+ *   chunks::cap_is_kept_by_moving       under max_pool_size, a request
+ *        that needs new chunks moves empty ones; beyond, ENOMEM
+ *   chunks::usable_size_is_whole_chunks a run's usable size and alignment
+ *   races::take_counted_before_unmap    a take stopped after counting its
+ *        chunk busy, before reading its state (MP_HOOK_CHUNK_TAKE), while
+ *        trim unmaps empty chunks: the chunk stays mapped
+ *   races::unmap_sees_a_late_take       trim stopped with the chunk marked
+ *        UNMAPPING (MP_HOOK_CHUNK_UNMAP) while a take counts it busy: the
+ *        unmap backs off, and the take gets mapped memory
+ *
+ * Every test ends with magpool_check (tree, chunk map C1-C5, runs).
+ * Internal headers: links the static archive.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define CHUNK (2 * MiB)
+
+static magpool_t *chunked_pool(size_t pool_size, size_t max) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = pool_size, .growth = 1, .max = max,
+                                        .thread_cache = MPT_ZERO, .stream_cache = MPT_ZERO});
+  cr_assert_not_null(pool->chunks, "a %zu-byte host pool is not chunked", pool_size);
+  return pool;
+}
+
+Test(chunks, maps_on_demand_then_trims) {
+  magpool_t *pool = chunked_pool(4 * MiB, 64 * MiB);
+  magpool_stats_t s = mpt_stats(pool);
+  cr_assert_eq(s.reserved_bytes, 4 * MiB);
+  cr_assert_eq(s.chunk_maps, 2);
+  void *p = magpool_alloc(pool, 10 * MiB); /* a run of 5 chunks */
+  cr_assert_not_null(p);
+  memset(p, 0x5a, 10 * MiB);
+  s = mpt_stats(pool);
+  cr_assert_geq(s.reserved_bytes, 10 * MiB);
+  cr_assert_leq(s.reserved_bytes, 14 * MiB);
+  cr_assert_eq(s.peak_reserved_bytes, s.reserved_bytes);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, p), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  s = mpt_stats(pool);
+  cr_assert_eq(s.reserved_bytes, 4 * MiB, "trim left %zu bytes mapped", s.reserved_bytes);
+  cr_assert_geq(s.chunk_unmaps, 3);
+  cr_assert_geq(s.peak_reserved_bytes, 10 * MiB);
+  cr_assert_eq(magpool_reset_peaks(pool), 0);
+  cr_assert_eq(mpt_stats(pool).peak_reserved_bytes, 4 * MiB);
+  mpt_pool_done(pool);
+}
+
+Test(chunks, runs_reuse_mapped_chunks) {
+  magpool_t *pool = chunked_pool(4 * MiB, 0);
+  void *a = magpool_alloc(pool, 7 * MiB);
+  void *b = magpool_alloc(pool, 3 * MiB);
+  cr_assert(a != NULL && b != NULL);
+  cr_assert_eq(magpool_free(pool, a), 0);
+  uint64_t maps = mpt_stats(pool).chunk_maps;
+  void *c = magpool_alloc(pool, 7 * MiB);
+  cr_assert_eq(c, a, "the freed run's mapped chunks were not reused");
+  cr_assert_eq(mpt_stats(pool).chunk_maps, maps, "a warm reuse mapped memory");
+  memset(c, 1, 7 * MiB);
+  cr_assert_eq(magpool_free(pool, c), 0);
+  cr_assert_eq(magpool_free(pool, b), 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  mpt_pool_done(pool);
+}
+
+Test(chunks, cap_is_kept_by_moving) {
+  magpool_t *pool = chunked_pool(2 * MiB, 8 * MiB);
+  /* Two 1 MiB buddy blocks fill chunk 0; a 4 MiB run takes two chunks. */
+  void *x = magpool_alloc(pool, 1 * MiB), *y = magpool_alloc(pool, 1 * MiB);
+  void *r = magpool_alloc(pool, 4 * MiB);
+  cr_assert(x != NULL && y != NULL && r != NULL);
+  cr_assert_eq(magpool_free(pool, r), 0);
+  /* 6 MiB: three chunks; one more may be created (cap 4 chunks), the
+   * run's two empty ones are reused or moved. */
+  void *big = magpool_alloc(pool, 6 * MiB);
+  cr_assert_not_null(big, "%s", magpool_strerror(magpool_last_error()));
+  memset(big, 2, 6 * MiB);
+  magpool_stats_t s = mpt_stats(pool);
+  cr_assert_leq(s.reserved_bytes, 8 * MiB);
+  cr_assert_leq(s.peak_reserved_bytes, 8 * MiB);
+  /* Nothing more fits: 2 MiB live in chunk 0, 6 MiB in the run. */
+  cr_assert_null(magpool_alloc(pool, 64));
+  cr_assert_eq(magpool_last_error(), MAGPOOL_ENOMEM);
+  cr_assert_null(magpool_alloc(pool, 2 * MiB));
+  cr_assert_eq(magpool_last_error(), MAGPOOL_ENOMEM);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, big), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+Test(chunks, usable_size_is_whole_chunks) {
+  magpool_t *pool = chunked_pool(4 * MiB, 0);
+  void *p = magpool_alloc(pool, 5 * MiB + 1);
+  cr_assert_not_null(p);
+  cr_assert_eq(magpool_usable_size(pool, p), 6 * MiB);
+  cr_assert_eq((uintptr_t)p % CHUNK, 0);
+  memset(p, 3, 6 * MiB);
+  cr_assert_eq(magpool_free_sized(pool, p, 5 * MiB), MAGPOOL_EINVAL);
+  cr_assert_eq(magpool_free_sized(pool, p, 5 * MiB + 1), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+/* ================================================================ races */
+
+typedef struct flag {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int set;
+} flag;
+#define FLAG_INIT {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}
+static void flag_set(flag *f) {
+  pthread_mutex_lock(&f->mu);
+  f->set = 1;
+  pthread_cond_broadcast(&f->cv);
+  pthread_mutex_unlock(&f->mu);
+}
+static void flag_wait(flag *f) {
+  pthread_mutex_lock(&f->mu);
+  while (!f->set) pthread_cond_wait(&f->cv, &f->mu);
+  pthread_mutex_unlock(&f->mu);
+}
+
+static char *race_chunk;      /* the chunk the window is opened on */
+static int race_point;        /* MP_HOOK_CHUNK_TAKE or _UNMAP */
+static _Thread_local int race_stop_me;
+static flag race_stopped = FLAG_INIT, race_resume = FLAG_INIT;
+
+static void race_hook(int point, void *arg) {
+  if (point != race_point || arg != race_chunk || !race_stop_me) return;
+  race_stop_me = 0;
+  flag_set(&race_stopped);
+  flag_wait(&race_resume);
+}
+
+typedef struct taker {
+  magpool_t *pool;
+  void *got;
+  int stop;
+} taker;
+
+static void *take_1mib(void *arg) {
+  taker *t = arg;
+  race_stop_me = t->stop;
+  t->got = magpool_alloc(t->pool, 1 * MiB);
+  if (t->got != NULL) memset(t->got, 7, 1 * MiB); /* faults if unmapped */
+  return NULL;
+}
+
+static void *trim_it(void *arg) {
+  race_stop_me = 1;
+  magpool_trim(arg);
+  return NULL;
+}
+
+/* Chunk 0 full with two 1 MiB blocks, a third in chunk 1, freed: chunk 1
+ * is empty and mapped above pool_size, what trim unmaps.  Returns it. */
+static char *empty_chunk_above(magpool_t *pool, void **x, void **y) {
+  *x = magpool_alloc(pool, 1 * MiB);
+  *y = magpool_alloc(pool, 1 * MiB);
+  void *z = magpool_alloc(pool, 1 * MiB);
+  cr_assert(*x != NULL && *y != NULL && z != NULL);
+  char *ch = (char *)((uintptr_t)z & ~(uintptr_t)(CHUNK - 1));
+  cr_assert_neq(ch, (char *)((uintptr_t)*x & ~(uintptr_t)(CHUNK - 1)));
+  cr_assert_eq(magpool_free(pool, z), 0);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 4 * MiB);
+  return ch;
+}
+
+static void race_reset(void) {
+  mp_hook_set(NULL);
+  race_stopped = (flag)FLAG_INIT;
+  race_resume = (flag)FLAG_INIT;
+}
+
+Test(races, take_counted_before_unmap) {
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  void *x, *y;
+  race_chunk = empty_chunk_above(pool, &x, &y);
+  race_point = MP_HOOK_CHUNK_TAKE;
+  mp_hook_set(race_hook);
+  taker t = {pool, NULL, 1};
+  pthread_t th;
+  pthread_create(&th, NULL, take_1mib, &t);
+  flag_wait(&race_stopped); /* busy counted, state not read */
+  uint64_t unmaps = mpt_stats(pool).chunk_unmaps;
+  cr_assert_eq(magpool_trim(pool), 0); /* may unmap only empty chunks */
+  cr_assert_eq(mpt_stats(pool).chunk_unmaps, unmaps, "trim unmapped a chunk a take had counted");
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 4 * MiB);
+  flag_set(&race_resume);
+  pthread_join(th, NULL);
+  race_reset();
+  cr_assert_not_null(t.got);
+  cr_assert_eq((char *)((uintptr_t)t.got & ~(uintptr_t)(CHUNK - 1)), race_chunk);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, t.got), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_assert_all_free(pool);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 2 * MiB);
+  mpt_pool_done(pool);
+}
+
+Test(races, unmap_sees_a_late_take) {
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  void *x, *y;
+  race_chunk = empty_chunk_above(pool, &x, &y);
+  race_point = MP_HOOK_CHUNK_UNMAP;
+  mp_hook_set(race_hook);
+  pthread_t tr, th;
+  pthread_create(&tr, NULL, trim_it, pool);
+  flag_wait(&race_stopped); /* the chunk is UNMAPPING, busy not re-read */
+  taker t = {pool, NULL, 0};
+  pthread_create(&th, NULL, take_1mib, &t);
+  /* The take counts the chunk busy, sees it is not MAPPED, and waits for
+   * the lock the stopped unmap holds. */
+  uint64_t idx = (uint64_t)(race_chunk - pool->chunks->base) >> pool->chunks->shift;
+  while (mp_load_seq_cst(&pool->chunks->busy[idx]) == 0) sched_yield();
+  flag_set(&race_resume);
+  pthread_join(tr, NULL);
+  pthread_join(th, NULL);
+  race_reset();
+  cr_assert_not_null(t.got);
+  cr_assert_eq(mp_load_relaxed(&pool->chunks->state[idx]), MP_CHUNK_MAPPED);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, t.got), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
