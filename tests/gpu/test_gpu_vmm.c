@@ -202,6 +202,12 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   int rc = ops->open(&ctx, &cfg);
   if (rc == MAGPOOL_ENODEV) return 77;
   REQUIRE(rc == 0, "%s: open: rc %d", ops->name, rc);
+  if (pinned && ops->map == NULL) {
+    /* PINNED pools keep whole regions for now (source_cuda.c says why). */
+    printf("gpu_vmm: %s: SKIP (chunk mapping of pinned memory is off)\n", ops->name);
+    if (ops->close != NULL) ops->close(ctx);
+    return 0;
+  }
   REQUIRE(ops->map != NULL && ops->unmap != NULL && ops->va_reserve != NULL &&
               ops->va_release != NULL && ops->granularity != NULL,
           "%s: chunk ops missing", ops->name);
