@@ -180,19 +180,26 @@ typedef struct magpool_config {
  * different instants. */
 typedef struct magpool_stats {
   size_t used_bytes;         /* bytes in live allocations, rounded up to
-                                their block size                           */
+                                their block size (on chunked pools, a
+                                block of a chunk or more counts its whole
+                                chunks: magpool_usable_size)              */
   size_t requested_bytes;    /* bytes asked for by live allocations        */
   size_t reserved_bytes;     /* memory taken from the source (pool size,
-                                growth included)                           */
+                                growth included); on chunked pools, the
+                                bytes of the chunks mapped now            */
   size_t peak_used_bytes;    /* high-water mark of bytes handed out by the
                                 tree (live plus cached); >= used_bytes     */
   size_t cached_bytes;       /* free blocks held by thread caches, depots
                                 and stream caches, ready for reuse         */
   size_t pending_bytes;      /* blocks freed on streams that have not yet
                                 reached the free                           */
-  size_t free_bytes;         /* bytes free in the tree                     */
+  size_t free_bytes;         /* bytes free in the tree (chunked pools: in
+                                the mapped chunks)                         */
   size_t largest_free_block; /* largest block the tree can hand out now,
-                                without growth                             */
+                                without growth (chunked pools: the largest
+                                request that fits in free_bytes, whole
+                                chunks; an estimate, the free bytes of
+                                partly used chunks are not contiguous)    */
   uint64_t alloc_count;      /* successful allocations, ever               */
   uint64_t free_count;       /* successful frees, ever                     */
   uint64_t live_count;       /* live allocations                           */
@@ -274,7 +281,14 @@ MAGPOOL_API int magpool_destroy(magpool_t *pool);
  * min_block).  The block is aligned to min_block, and to its own size up to
  * the alignment of the region it lies in: on HOST pools a region is aligned
  * to its size rounded up to a power of two; on DEVICE and
- * PINNED pools to what cudaMalloc / cudaHostAlloc give (at least 256 B).  size 0 is valid: it returns a
+ * PINNED pools to what cudaMalloc / cudaHostAlloc give (at least 256 B).
+ * Chunked pools (HOST and DEVICE pools whose pool_size is a multiple of
+ * chunk_size; see chunk_size): a block under a chunk is as above; a larger
+ * request that no cache serves gets a run of whole chunks, aligned to the
+ * chunk, whose usable size is the request rounded up to whole chunks.  On
+ * DEVICE pools, free with magpool_free only memory no GPU work still uses
+ * (as with any sync free; use magpool_free_async otherwise): an empty chunk
+ * may be unmapped at once.  size 0 is valid: it returns a
  * unique block of min_block bytes that must be freed like any other.
  * Returns NULL with MAGPOOL_EINVAL for a NULL pool, and MAGPOOL_ENOMEM when
  * the request does not fit - sizes near SIZE_MAX included.  The pool stays
