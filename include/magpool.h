@@ -143,8 +143,10 @@ typedef struct magpool_config {
                                 s then fails with MAGPOOL_ECAPTURE until
                                 the capture ends, with no per-call cost  */
   size_t chunk_size;         /* granule of physical memory on pools whose
-                                source maps memory on demand (HOST, DEVICE
-                                and PINNED): the pool reserves address
+                                source maps memory on demand (HOST and
+                                DEVICE; PINNED pools keep whole regions)
+                                and whose pool_size is a multiple of it -
+                                "chunked" pools: the pool reserves address
                                 space for max_pool_size at creation and
                                 maps chunk_size pieces of it as blocks
                                 first need them.  A power of two from
@@ -330,7 +332,8 @@ MAGPOOL_API int magpool_free_sized(magpool_t *pool, void *ptr, size_t size);
  * a live allocation of the pool. */
 MAGPOOL_API size_t magpool_usable_size(magpool_t *pool, const void *ptr);
 
-/* Returns everything cached to the tree and completes coalescing: the
+/* Returns everything cached to the tree and completes coalescing (on a
+ * chunked pool it then unmaps every empty chunk beyond pool_size): the
  * calling thread's cache, every depot, every thread's stream cache
  * (retired behind its stream's work; a cudaStreamPerThread cache is
  * retired by its own thread, at its next call on the pool) and every ready
