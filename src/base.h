@@ -94,6 +94,14 @@ enum {
                             enter/exit) and is about to refill a class   */
   MP_HOOK_REVOKE_WAIT,   /* arg: the mp_revoke; a thief waits for its
                             owner to leave                               */
+  MP_HOOK_PARK_WAIT,     /* arg: the mp_park; its lock is busy           */
+  MP_HOOK_PARK_PUT,      /* arg: the mp_park; a free holds its lock, the
+                            block is in, not yet visible to others       */
+  MP_HOOK_PARK_TAKE,     /* arg: the mp_park; an allocation holds its
+                            lock and has not yet looked                  */
+  MP_HOOK_PARK_FLUSH,    /* arg: the mp_park; a flush (trim, the ladder,
+                            release, a thread's flush) holds its lock and
+                            has not yet taken anything                   */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before
