@@ -42,8 +42,10 @@
 
 #include <sched.h>
 
-/* Parks between two age retires. */
+/* Age: every MP_PARK_AGE_STEP-th park retires the orders that no park or
+ * take touched in the last MP_PARK_AGE operations on the park. */
 #define MP_PARK_AGE 256u
+#define MP_PARK_AGE_STEP 64u
 
 static void park_lock(mp_park *k) {
   for (unsigned spins = 0;; spins++) {
@@ -61,39 +63,41 @@ static void park_unlock(mp_park *k) { mp_store_release(&k->lock, 0); }
 int64_t mp_park_budget(const magpool_t *pool, unsigned order) {
   int64_t sc = (int64_t)pool->cfg.stream_cache_bytes;
   if (order < pool->s_nclasses || sc == 0) return sc;
-  int64_t big = (int64_t)(pool->cfg.pool_size / 16);
+  int64_t big = (int64_t)(pool->cfg.pool_size / 8);
   return big > sc ? big : sc;
 }
 
 static bool is_small(const magpool_t *pool, unsigned order) { return order < pool->s_nclasses; }
 
-/* Under the lock: detaches every block of orders [lo, hi) onto *chain;
- * frees empty magazines. */
-static void detach_locked(magpool_t *pool, mp_park *k, unsigned lo, unsigned hi,
-                          mp_mag **chain) {
-  uint64_t mask = mp_load_relaxed(&k->mask);
-  int64_t gone = 0, gone_small = 0;
-  for (unsigned o = lo; o < hi; o++) {
-    mp_mag *m = k->mags[o];
-    k->mags[o] = NULL;
-    while (m != NULL) {
-      mp_mag *mn = mp_load_relaxed(&m->next);
-      if (m->count == 0) {
-        mp_mag_free(pool, m);
-      } else {
-        int64_t b = (int64_t)m->count * (int64_t)mp_block_bytes(pool, o);
-        gone += b;
-        if (is_small(pool, o)) gone_small += b;
-        mp_store_relaxed(&m->next, *chain);
-        *chain = m;
-      }
-      m = mn;
+static void set_bytes(mp_park *k, const magpool_t *pool, unsigned o, int64_t d) {
+  k->obytes[o] += d;
+  mp_store_relaxed(&k->bytes, mp_load_relaxed(&k->bytes) + d);
+  if (is_small(pool, o)) k->small_bytes += d;
+}
+
+/* Under the lock: detaches every block of order o onto *chain; frees
+ * empty magazines. */
+static void detach_order(magpool_t *pool, mp_park *k, unsigned o, mp_mag **chain) {
+  mp_mag *m = k->mags[o];
+  k->mags[o] = NULL;
+  while (m != NULL) {
+    mp_mag *mn = mp_load_relaxed(&m->next);
+    if (m->count == 0) {
+      mp_mag_free(pool, m);
+    } else {
+      mp_store_relaxed(&m->next, *chain);
+      *chain = m;
     }
-    mask &= ~((uint64_t)1 << o);
+    m = mn;
   }
-  mp_store_relaxed(&k->mask, mask);
-  mp_store_relaxed(&k->bytes, mp_load_relaxed(&k->bytes) - gone);
-  k->small_bytes -= gone_small;
+  set_bytes(k, pool, o, -k->obytes[o]);
+  mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) & ~((uint64_t)1 << o));
+}
+
+/* Under the lock: every order in [lo, hi) onto *chain. */
+static void detach_range(magpool_t *pool, mp_park *k, unsigned lo, unsigned hi, mp_mag **chain) {
+  for (unsigned o = lo; o < hi; o++)
+    if (k->mags[o] != NULL) detach_order(pool, k, o, chain);
 }
 
 void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order) {
@@ -110,9 +114,8 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order) {
   }
   if (m != NULL && m->count != 0) {
     p = m->slot[--m->count];
-    int64_t b = (int64_t)mp_block_bytes(pool, order);
-    mp_store_relaxed(&k->bytes, mp_load_relaxed(&k->bytes) - b);
-    if (is_small(pool, order)) k->small_bytes -= b;
+    set_bytes(k, pool, order, -(int64_t)mp_block_bytes(pool, order));
+    k->used[order] = ++k->clock;
     /* The empty head stays for the next park unless full ones follow. */
     if (m->count == 0 && mp_load_relaxed(&m->next) == NULL)
       mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) & ~((uint64_t)1 << order));
@@ -121,20 +124,33 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order) {
   return p;
 }
 
-/* Under the lock: what must go before `add` bytes of `order` come in
- * (over budget, or old), onto *old. */
+/* Under the lock, before `add` bytes of `order` come in: every
+ * MP_PARK_AGE_STEP-th time, the orders idle for MP_PARK_AGE operations go;
+ * then, if the kind of `order` (stream-cached orders, or larger ones)
+ * would pass its budget, its least recently used orders go until it fits
+ * in half the budget (so that the batch is worth its callback, and the
+ * next ones are far).  What goes is put on *old (one batch). */
 static void make_room_locked(magpool_t *pool, mp_park *k, unsigned order, int64_t add,
                              mp_mag **old) {
-  if (++k->puts >= MP_PARK_AGE) {
-    k->puts = 0;
-    detach_locked(pool, k, 0, MP_MAX_ORDER + 1, old);
-    return;
+  uint32_t now = ++k->clock;
+  if (now % MP_PARK_AGE_STEP == 0) {
+    for (unsigned o = 0; o <= MP_MAX_ORDER; o++)
+      if (k->mags[o] != NULL && o != order && now - k->used[o] > MP_PARK_AGE)
+        detach_order(pool, k, o, old);
   }
-  int64_t small = k->small_bytes;
-  if (is_small(pool, order)) {
-    if (small + add > mp_park_budget(pool, order)) detach_locked(pool, k, 0, pool->s_nclasses, old);
-  } else if (mp_load_relaxed(&k->bytes) - small + add > mp_park_budget(pool, order)) {
-    detach_locked(pool, k, pool->s_nclasses, MP_MAX_ORDER + 1, old);
+  k->used[order] = now;
+  bool small = is_small(pool, order);
+  unsigned lo = small ? 0 : pool->s_nclasses, hi = small ? pool->s_nclasses : MP_MAX_ORDER + 1;
+  int64_t budget = mp_park_budget(pool, order);
+  int64_t kind = small ? k->small_bytes : mp_load_relaxed(&k->bytes) - k->small_bytes;
+  if (kind + add <= budget) return;
+  while (kind + add > budget / 2) {
+    unsigned lru = hi;
+    for (unsigned o = lo; o < hi; o++)
+      if (k->obytes[o] != 0 && (lru == hi || now - k->used[o] > now - k->used[lru])) lru = o;
+    if (lru == hi) break; /* nothing left: the new block is parked alone */
+    kind -= k->obytes[lru];
+    detach_order(pool, k, lru, old);
   }
 }
 
@@ -158,8 +174,7 @@ bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, uns
     }
     if (m != NULL) {
       m->slot[m->count++] = p;
-      mp_store_relaxed(&k->bytes, mp_load_relaxed(&k->bytes) + b);
-      if (is_small(pool, order)) k->small_bytes += b;
+      set_bytes(k, pool, order, b);
       mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) | (uint64_t)1 << order);
       ok = true;
       MP_HOOK(MP_HOOK_PARK_PUT, k);
@@ -193,10 +208,10 @@ bool mp_park_put_chain(magpool_t *pool, mp_sentry *e, magpool_stream_t s, mp_mag
         k->mags[m->order] = m;
       }
       if (m->count != 0) mask |= (uint64_t)1 << m->order;
+      set_bytes(k, pool, m->order, (int64_t)m->count * (int64_t)mp_block_bytes(pool, m->order));
+      k->used[m->order] = k->clock;
     }
     mp_store_relaxed(&k->mask, mask);
-    mp_store_relaxed(&k->bytes, mp_load_relaxed(&k->bytes) + add);
-    k->small_bytes += add;
     ok = true;
     MP_HOOK(MP_HOOK_PARK_PUT, k);
   }
@@ -210,8 +225,7 @@ mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chai
   if (!close && mp_load_relaxed(&k->bytes) == 0) return chain;
   park_lock(k);
   MP_HOOK(MP_HOOK_PARK_FLUSH, k);
-  detach_locked(pool, k, 0, MP_MAX_ORDER + 1, &chain);
-  k->puts = 0;
+  detach_range(pool, k, 0, MP_MAX_ORDER + 1, &chain);
   if (close) k->closed = true;
   park_unlock(k);
   return chain;

@@ -303,8 +303,11 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
     /* At exit, the entry of this thread's per-thread stream is released:
      * no other thread can ever name that stream. */
     bool own_stream = exiting && pool->sops->per_thread(e->handle);
-    if (mp_load_relaxed(&sl->bytes) == 0 && mp_load_relaxed(&e->park.bytes) == 0 && !own_stream)
-      continue;
+    /* After a trim, the stream's park too (every thread that used the
+     * stream passes here); at exit only the slot: other threads may still
+     * be reusing the park. */
+    bool park = !exiting && mp_load_relaxed(&e->park.bytes) != 0;
+    if (mp_load_relaxed(&sl->bytes) == 0 && !park && !own_stream) continue;
     mp_streams_read_lock();
     mp_entry_lock(e);
     /* Released: the release took what the slot held, and no async call on
@@ -319,9 +322,7 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
         mp_mag *chain = slot_take_all(pool, sl);
         mp_slot_exit_owner(sl);
         MP_HOOK(MP_HOOK_SLOT_FLUSH, sl);
-        /* The stream's park too: every thread that used the stream
-         * passes here after a trim. */
-        chain = mp_park_take_all(pool, e, false, chain);
+        if (park) chain = mp_park_take_all(pool, e, false, chain);
         if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
       }
     }

@@ -213,9 +213,12 @@ typedef struct mp_park {
   _Atomic int64_t bytes;        /* bytes parked: written under lock, read
                                    by stats (relaxed)                    */
   int64_t small_bytes;          /* of orders < pool->s_nclasses (lock)   */
-  uint32_t puts;                /* parks since the last age retire (lock) */
+  uint32_t clock;               /* parks and takes so far (lock)         */
   bool closed;                  /* released: parks go elsewhere (lock)   */
   mp_mag *mags[MP_MAX_ORDER + 1]; /* per order, chain via next (lock)    */
+  int64_t obytes[MP_MAX_ORDER + 1]; /* per order, bytes parked (lock)    */
+  uint32_t used[MP_MAX_ORDER + 1];  /* per order, clock at its last park
+                                       or take (lock)                    */
 } mp_park;
 
 /* One per (pool, stream id) while the stream is in use; a new one after
