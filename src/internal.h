@@ -281,9 +281,9 @@ void mp_streams_destroy(magpool_t *pool);
  * relaxed, so a miss costs no lock).  Any thread allocating on e's stream. */
 void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order);
 /* Parks p (freed on s, e's stream).  If the park would pass its budget
- * (mp_park_budget), or MP_PARK_AGE parks went by since the last such
- * retire, what it held before goes behind s first, in one batch (one
- * stream callback), and p stays parked.  false if it could not park p
+ * (mp_park_budget), its least recently used orders go behind s first, and
+ * now and then the orders idle for long (park.c): in one batch (one
+ * stream callback); p stays parked.  false if it could not park p
  * (parking off, the entry released, no magazine): the caller retires p.
  * Any thread freeing on s. */
 bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order);

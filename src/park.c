@@ -15,14 +15,16 @@
  *
  * Budget and batching (one stream callback per batch, never per free):
  *   - blocks of stream-cached orders: at most stream_cache_bytes; blocks
- *     of larger orders: at most max(stream_cache_bytes, pool_size / 16).
- *     A park that would pass its budget first retires what it holds of
- *     that kind in one batch, then parks the new block, which is the one
+ *     of larger orders: at most max(stream_cache_bytes, pool_size / 8).
+ *     A park that would pass the budget of the incoming block's kind
+ *     first retires that kind's least recently used orders until it fits
+ *     in half the budget, in one batch, then parks the new block, the one
  *     most likely to be asked for next; a single block larger than the
  *     budget is parked alone;
- *   - age: every MP_PARK_AGE-th park retires everything parked before it
- *     (one batch), so a busy stream does not keep blocks of sizes it no
- *     longer asks for; a counter under the lock, no clock;
+ *   - age: every MP_PARK_AGE_STEP-th park retires the orders nothing
+ *     parked or took in the last MP_PARK_AGE operations on the park (one
+ *     batch), so a busy stream does not keep sizes it no longer asks for;
+ *     a counter under the lock, no clock;
  *   - trim, the out-of-memory ladder's cache rung, magpool_stream_release
  *     and a thread's own flush (trim epoch, exit) retire the whole park
  *     (mp_park_take_all), under the entry lock;
