@@ -74,6 +74,7 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t
     for (uint32_t i = 0; i < m->count; i++)
       b->bytes += (int64_t)mp_block_cost(pool, m->slot[i], m->order);
   mp_fetch_add_relaxed(&rt->pending_bytes, b->bytes);
+  mp_fetch_add_relaxed(&rt->batches, 1);
   mp_fetch_add_acq_rel(&rt->pending_batches, 1);
   mp_fetch_add_acq_rel(pending, 1);
   int rc = pool->sops->after(pool->src_ctx, h, batch_done, b);

@@ -1,0 +1,162 @@
+/* test_park.c - stream-ordered reuse of large blocks across threads.
+ *
+ * magpool.h, magpool_alloc_async: "Blocks freed on s are reused by
+ * allocations on s at once: ... any block, of any size, by every thread's
+ * allocations on s; any other allocation (another stream, the synchronous
+ * API) gets them only once s has passed the free."  And
+ * stream_cache_bytes: "0 retires every async free at once".
+ *
+ * The stream is held by a gate throughout, so no retire callback can run:
+ * pending_bytes counts every block retired behind it, and stays 0 while
+ * the blocks go from thread to thread without a retire.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "stream_util.h"
+
+#define BIG (4 * MiB)
+
+typedef struct ctx {
+  magpool_t *pool;
+  magpool_stream_t s;
+  void *x;
+  _Atomic long turn;
+  _Atomic int bad; /* a thread got another block than x, or a call failed */
+} ctx;
+
+typedef struct arg {
+  ctx *c;
+  int id;
+} arg;
+
+/* Thread `id` of two, in turns: allocate 4 MiB on s (must be x, freed by
+ * the other thread on s just before), free it on s. */
+enum { ROUNDS = 500 };
+static void *pingpong(void *p) {
+  arg *a = p;
+  ctx *c = a->c;
+  for (long k = 0; k < ROUNDS; k++) {
+    long mine = 2 * k + a->id;
+    while (atomic_load(&c->turn) != mine) sched_yield();
+    void *q = magpool_alloc_async(c->pool, BIG, c->s);
+    if (q != c->x) atomic_store(&c->bad, 1);
+    if (q != NULL && magpool_free_async(c->pool, q, c->s) != 0) atomic_store(&c->bad, 1);
+    atomic_store(&c->turn, mine + 1);
+  }
+  return NULL;
+}
+
+static void *alloc_on(void *p) {
+  ctx *c = p;
+  c->x = magpool_alloc_async(c->pool, BIG, c->s);
+  return NULL;
+}
+
+static void *free_on(void *p) {
+  ctx *c = p;
+  if (magpool_free_async(c->pool, c->x, c->s) != 0) atomic_store(&c->bad, 1);
+  return NULL;
+}
+
+static void run(void *(*fn)(void *), void *p) {
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, fn, p), 0);
+  pthread_join(t, NULL);
+}
+
+Test(park, another_thread_reuses_a_large_block_at_once, .timeout = 120) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t S = stream_new(), T = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(S, gate_task, &g);
+  gate_wait_entered(&g);
+
+  ctx c = {.pool = pool, .s = S};
+  run(alloc_on, &c); /* thread 1 allocates x on S ... */
+  cr_assert_not_null(c.x);
+  run(free_on, &c); /* ... and frees it on S, which is blocked */
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0, "the 4 MiB free was retired at once (pending %zu)",
+               st.pending_bytes);
+  cr_assert_geq(st.cached_bytes, BIG);
+
+  /* Another stream and the synchronous API do not get x: S has not
+   * passed the free. */
+  void *t1 = magpool_alloc_async(pool, BIG, T);
+  void *t2 = magpool_alloc(pool, BIG);
+  cr_assert(t1 != NULL && t2 != NULL);
+  cr_assert_neq(t1, c.x, "stream T got a block freed on blocked S");
+  cr_assert_neq(t2, c.x, "magpool_alloc got a block freed on blocked S");
+
+  /* Thread 2 (and this one) on S get x at once, without a retire. */
+  void *y = NULL;
+  ctx c2 = {.pool = pool, .s = S};
+  run(alloc_on, &c2);
+  y = c2.x;
+  cr_assert_eq(y, c.x, "another thread's allocation on S got %p, not %p freed on S", y, c.x);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+
+  /* 1000 more frees of x on S by two threads in turns: every one is
+   * reused at once by the other thread, and nothing is retired. */
+  atomic_store(&c.turn, 0);
+  arg a0 = {&c, 0}, a1 = {&c, 1};
+  pthread_t w0, w1;
+  cr_assert_eq(pthread_create(&w0, NULL, pingpong, &a0), 0);
+  cr_assert_eq(pthread_create(&w1, NULL, pingpong, &a1), 0);
+  pthread_join(w0, NULL);
+  pthread_join(w1, NULL);
+  cr_assert_eq(atomic_load(&c.bad), 0, "a thread on S did not get back the block freed on S");
+  st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0, "1000 frees on S, each reused at once: pending %zu",
+               st.pending_bytes);
+
+  /* Trim retires the park behind S: x is pending, still out of reach. */
+  cr_assert_eq(magpool_trim(pool), 0);
+  st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, BIG);
+  void *t3 = magpool_alloc_async(pool, BIG, T);
+  cr_assert_not_null(t3);
+  cr_assert_neq(t3, c.x, "stream T got the block trim retired behind blocked S");
+
+  cr_assert_eq(magpool_free_async(pool, t1, T), 0);
+  cr_assert_eq(magpool_free_async(pool, t3, T), 0);
+  cr_assert_eq(magpool_free(pool, t2), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
+/* stream_cache_bytes = 0: "0 retires every async free at once" - also a
+ * large one, which is then not reused on its stream before it passed. */
+Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .stream_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(S, gate_task, &g);
+  gate_wait_entered(&g);
+  void *x = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, BIG);
+  cr_assert_eq(st.cached_bytes, 0);
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(y);
+  cr_assert_neq(y, x);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  finish(pool, PS, &S, 1);
+}
