@@ -66,7 +66,7 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   if (sl != NULL) {
     void *p = order < pool->s_nclasses ? mp_slot_pop_owner(pool, sl, order) : NULL;
     /* Then what any thread freed on s: free for s at once. */
-    if (p == NULL) p = mp_park_take(pool, sl->e, order);
+    if (p == NULL) p = mp_park_take(pool, sl->e, order, size);
     if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
   }
   return mp_alloc_order(pool, tc, order, size, 0);

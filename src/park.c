@@ -69,6 +69,13 @@ int64_t mp_park_budget(const magpool_t *pool, unsigned order) {
   return big > sc ? big : sc;
 }
 
+/* What a magazine's blocks cost (mp_block_cost). */
+static int64_t mag_cost(const magpool_t *pool, const mp_mag *m) {
+  int64_t b = 0;
+  for (uint32_t i = 0; i < m->count; i++) b += (int64_t)mp_block_cost(pool, m->slot[i], m->order);
+  return b;
+}
+
 static bool is_small(const magpool_t *pool, unsigned order) { return order < pool->s_nclasses; }
 
 static void set_bytes(mp_park *k, const magpool_t *pool, unsigned o, int64_t d) {
@@ -102,9 +109,33 @@ static void detach_range(magpool_t *pool, mp_park *k, unsigned lo, unsigned hi, 
     if (k->mags[o] != NULL) detach_order(pool, k, o, chain);
 }
 
-void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order) {
+/* What a block of `order` must cost (mp_block_cost) to serve a request
+ * of `size`: on a chunked pool a block of a chunk or more is backed only
+ * in whole chunks up to the size its first request asked for. */
+static size_t need_cost(const magpool_t *pool, unsigned order, size_t size) {
+  size_t bs = mp_block_bytes(pool, order);
+  const mp_chunks *c = pool->chunks;
+  if (c == NULL || bs < c->chunk) return bs;
+  size_t n = size == 0 ? 1 : (size + c->chunk - 1) >> c->shift;
+  return n << c->shift;
+}
+
+/* Under the lock: takes from m a block of order o that costs at least
+ * `need` (the last one that does, moved to the top), or NULL. */
+static void *pop_fit(const magpool_t *pool, mp_mag *m, unsigned o, size_t need) {
+  for (uint32_t i = m->count; i-- > 0;) {
+    if (mp_block_cost(pool, m->slot[i], o) < need) continue;
+    void *p = m->slot[i];
+    m->slot[i] = m->slot[--m->count];
+    return p;
+  }
+  return NULL;
+}
+
+void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size) {
   mp_park *k = &e->park;
   if ((mp_load_relaxed(&k->mask) >> order & 1) == 0) return NULL;
+  size_t need = need_cost(pool, order, size);
   park_lock(k);
   MP_HOOK(MP_HOOK_PARK_TAKE, k);
   void *p = NULL;
@@ -114,12 +145,16 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order) {
     mp_mag_free(pool, m);
     m = k->mags[order];
   }
-  if (m != NULL && m->count != 0) {
-    p = m->slot[--m->count];
-    set_bytes(k, pool, order, -(int64_t)mp_block_bytes(pool, order));
+  /* A run parked for a smaller request is backed by fewer chunks than
+   * this one needs: it stays parked, and another, or the tree, serves. */
+  for (mp_mag *x = m; x != NULL && p == NULL; x = mp_load_relaxed(&x->next))
+    p = pop_fit(pool, x, order, need);
+  if (p != NULL) {
+    set_bytes(k, pool, order, -(int64_t)mp_block_cost(pool, p, order));
     k->used[order] = ++k->clock;
-    /* The empty head stays for the next park unless full ones follow. */
-    if (m->count == 0 && mp_load_relaxed(&m->next) == NULL)
+    /* The empty head stays for the next park unless full ones follow;
+     * an emptied magazine further down stays until the order is retired. */
+    if (k->obytes[order] == 0)
       mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) & ~((uint64_t)1 << order));
   }
   park_unlock(k);
@@ -159,7 +194,7 @@ static void make_room_locked(magpool_t *pool, mp_park *k, unsigned order, int64_
 bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order) {
   if (pool->cfg.stream_cache_bytes == 0) return false;
   mp_park *k = &e->park;
-  int64_t b = (int64_t)mp_block_bytes(pool, order);
+  int64_t b = (int64_t)mp_block_cost(pool, p, order);
   mp_mag *old = NULL;
   bool ok = false;
   park_lock(k);
@@ -192,7 +227,7 @@ bool mp_park_put_chain(magpool_t *pool, mp_sentry *e, magpool_stream_t s, mp_mag
   mp_park *k = &e->park;
   int64_t add = 0;
   for (mp_mag *m = chain; m != NULL; m = mp_load_relaxed(&m->next))
-    add += (int64_t)m->count * (int64_t)mp_block_bytes(pool, m->order);
+    add += mag_cost(pool, m);
   mp_mag *old = NULL;
   bool ok = false;
   park_lock(k);
@@ -210,7 +245,7 @@ bool mp_park_put_chain(magpool_t *pool, mp_sentry *e, magpool_stream_t s, mp_mag
         k->mags[m->order] = m;
       }
       if (m->count != 0) mask |= (uint64_t)1 << m->order;
-      set_bytes(k, pool, m->order, (int64_t)m->count * (int64_t)mp_block_bytes(pool, m->order));
+      set_bytes(k, pool, m->order, mag_cost(pool, m));
       k->used[m->order] = k->clock;
     }
     mp_store_relaxed(&k->mask, mask);

@@ -14,9 +14,12 @@
  * magazines, and the program's to the block on the host) before the
  * taker's: ACQUIRE CAS, RELEASE store. */
 
-/* A parked block of `order`, or NULL (none now; the mask is read first,
- * relaxed, so a miss costs no lock).  Any thread allocating on e's stream. */
-void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order);
+/* A parked block of `order` for a request of `size`, or NULL (none now;
+ * the mask is read first, relaxed, so a miss costs no lock).  On a
+ * chunked pool only a block whose cost (mp_block_cost) covers the
+ * request's whole chunks serves: a parked run keeps the chunks it was
+ * backed with.  Any thread allocating on e's stream. */
+void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size);
 /* Parks p (freed on s, e's stream).  If the park would pass its budget
  * (mp_park_budget), its least recently used orders go behind s first, and
  * now and then the orders idle for long (park.c): in one batch (one

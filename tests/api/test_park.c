@@ -160,3 +160,48 @@ Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
   gate_done(&g);
   finish(pool, PS, &S, 1);
 }
+
+/* A chunked pool backs a large block only in the whole chunks its request
+ * needs, and every byte count counts those chunks (magpool.h,
+ * magpool_usable_size).  A run parked on S serves a later request on S
+ * of its order only if its chunks cover it: a 5 MiB block (3 chunks of
+ * 2 MiB, in an 8 MiB order) is reused for 5 MiB but not for 7 MiB; while
+ * it is parked, the pool's counts add up and magpool_check passes. */
+Test(park, a_parked_run_serves_only_requests_it_covers, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(S, gate_task, &g);
+  gate_wait_entered(&g);
+  void *x = magpool_alloc_async(pool, 5 * MiB, S);
+  cr_assert_not_null(x);
+  size_t cost = magpool_usable_size(pool, x);
+  cr_assert_eq(cost, 6 * MiB, "a 5 MiB run costs 3 chunks, got %zu", cost);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.cached_bytes, cost, "parked: its cost %zu, counted %zu", cost,
+               st.cached_bytes);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check with a run parked");
+
+  void *y = magpool_alloc_async(pool, 7 * MiB, S);
+  cr_assert_not_null(y);
+  cr_assert_neq(y, x, "a 7 MiB request got the parked run backed for 6 MiB");
+  cr_assert_geq(magpool_usable_size(pool, y), 7 * MiB);
+  void *z = magpool_alloc_async(pool, 5 * MiB, S);
+  cr_assert_eq(z, x, "a 5 MiB request on S did not reuse the parked 5 MiB run");
+  st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, 0);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free_async(pool, z, S), 0);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check with runs parked");
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  finish(pool, PS, &S, 1);
+}
