@@ -68,6 +68,11 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
     /* Then what any thread freed on s: free for s at once. */
     if (p == NULL) p = mp_park_take(pool, sl->e, order, size);
     if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
+    if (mp_park_new_peak(pool, order, size)) {
+      mp_streams_retire_parks(pool, sl->e);
+      mp_park_settle(pool, sl->e, s);
+      mp_retire_drain(pool, &tc->acct);
+    }
   }
   return mp_alloc_order(pool, tc, order, size, 0);
 }

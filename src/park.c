@@ -120,16 +120,37 @@ static size_t need_cost(const magpool_t *pool, unsigned order, size_t size) {
   return n << c->shift;
 }
 
-/* Under the lock: takes from m a block of order o that costs at least
- * `need` (the last one that does, moved to the top), or NULL. */
+/* May blocks of `order` cost less than their size (runs backed for
+ * their first request)? */
+static bool partial(const magpool_t *pool, unsigned order) {
+  return pool->chunks != NULL && mp_block_bytes(pool, order) >= pool->chunks->chunk;
+}
+
+/* Most a reused block may cost over what the request needs: a run
+ * backed for a larger request wastes its extra chunks while it is live,
+ * and the run it could have served maps new ones. */
+static size_t waste_max(const magpool_t *pool, size_t need) {
+  size_t w = need / 8, ch = pool->chunks != NULL ? pool->chunks->chunk : 0;
+  return w > ch ? w : ch;
+}
+
+/* Under the lock: takes from the chain m of order o the block of least
+ * cost at least `need` (and within waste_max of it), or NULL. */
 static void *pop_fit(const magpool_t *pool, mp_mag *m, unsigned o, size_t need) {
-  for (uint32_t i = m->count; i-- > 0;) {
-    if (mp_block_cost(pool, m->slot[i], o) < need) continue;
-    void *p = m->slot[i];
-    m->slot[i] = m->slot[--m->count];
-    return p;
-  }
-  return NULL;
+  mp_mag *bm = NULL;
+  uint32_t bi = 0;
+  size_t best = SIZE_MAX, limit = need + waste_max(pool, need);
+  for (; m != NULL && best != need; m = mp_load_relaxed(&m->next))
+    for (uint32_t i = m->count; i-- > 0;) {
+      size_t c = mp_block_cost(pool, m->slot[i], o);
+      if (c < need || c > limit || c >= best) continue;
+      best = c, bm = m, bi = i;
+      if (c == need) break;
+    }
+  if (bm == NULL) return NULL;
+  void *p = bm->slot[bi];
+  bm->slot[bi] = bm->slot[--bm->count];
+  return p;
 }
 
 void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size) {
@@ -147,8 +168,9 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size) {
   }
   /* A run parked for a smaller request is backed by fewer chunks than
    * this one needs: it stays parked, and another, or the tree, serves. */
-  for (mp_mag *x = m; x != NULL && p == NULL; x = mp_load_relaxed(&x->next))
-    p = pop_fit(pool, x, order, need);
+  if (m != NULL) p = !partial(pool, order) && m->count != 0
+                        ? m->slot[--m->count] /* every block of the order fits */
+                        : pop_fit(pool, m, order, need);
   if (p != NULL) {
     set_bytes(k, pool, order, -(int64_t)mp_block_cost(pool, p, order));
     k->used[order] = ++k->clock;
@@ -266,4 +288,27 @@ mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chai
   if (close) k->closed = true;
   park_unlock(k);
   return chain;
+}
+
+/* Chunks a request of `size` in a block of `order` needs: its cost in
+ * whole chunks, 0 under a chunk. */
+static uint64_t need_chunks(const magpool_t *pool, unsigned order, size_t size) {
+  return (uint64_t)(need_cost(pool, order, size) >> pool->chunks->shift);
+}
+
+bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size) {
+  const mp_chunks *c = pool->chunks;
+  if (c == NULL) return false;
+  uint64_t n = need_chunks(pool, order, size);
+  if (n == 0) n = 1; /* under a chunk: when no chunk is free of blocks */
+  uint64_t after = mp_load_relaxed(&c->nbusy) + n;
+  /* pool_size stays mapped (keep): only above it does a peak cost. */
+  return after > mp_load_relaxed(&c->hwm) && after > c->keep;
+}
+
+void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
+  if (mp_load_relaxed(&e->park.bytes) == 0 || pool->sops->capturing(pool->src_ctx, s) != 0)
+    return;
+  mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
+  if (chain != NULL) mp_retire_chain(pool, &e->pending, s, chain);
 }

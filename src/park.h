@@ -37,6 +37,17 @@ bool mp_park_put_chain(magpool_t *pool, mp_sentry *e, magpool_stream_t s, mp_mag
  * caller retires the result behind e's stream.  Any thread holding e's
  * entry lock (so e's stream is valid), or its destroy. */
 mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chain);
+/* Would a block of `order` for `size` make a chunked pool map chunks it
+ * has never had busy at once: more chunks than mapped, counting the busy
+ * ones?  (A hint: relaxed reads.)  false on other pools and for blocks
+ * under a chunk. */
+bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size);
+/* Before new memory for an allocation on s (e's stream): e's park goes
+ * behind s (to the trees at once if s has passed it: mp_retire_chain),
+ * so that what the allocation cannot use of it is not held for s alone
+ * while the pool grows.  Never waits.  Nothing if s is capturing.  The
+ * caller holds a use of e. */
+void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s);
 /* The most bytes a park keeps of blocks of `order` (see park.c). */
 int64_t mp_park_budget(const magpool_t *pool, unsigned order);
 

@@ -57,9 +57,12 @@ static void batch_done(void *arg, int status) {
 
 void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain) {
   mp_retire *rt = &pool->retire;
-  mp_batch *b = malloc(sizeof *b);
-  if (b == NULL) { /* no host memory: wait for the stream, then free */
-    pool->sops->sync(pool->src_ctx, h);
+  /* A stream that has finished everything queued on it has passed these
+   * frees already: the blocks go to the trees now, no batch. */
+  bool passed = pool->sops->idle != NULL && pool->sops->idle(pool->src_ctx, h) == 1;
+  mp_batch *b = passed ? NULL : malloc(sizeof *b);
+  if (b == NULL) { /* passed, or no host memory: wait for the stream, then free */
+    if (!passed) pool->sops->sync(pool->src_ctx, h);
     mp_acct a = {0, 0};
     mp_chain_give(pool, &a, chain);
     mp_acct_settle(pool, &a);

@@ -287,6 +287,23 @@ static void flush_one(magpool_t *pool, mp_sentry *e, void *arg) {
   mp_entry_unlock(e);
 }
 
+static void park_retire_one(magpool_t *pool, mp_sentry *e, void *except) {
+  if (e == except || mp_load_relaxed(&e->park.bytes) == 0) return;
+  if (mp_load_relaxed(&e->sid) == 0 || !mp_entry_try(e)) return; /* busy: skip it */
+  if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
+      pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
+    mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
+    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
+  }
+  mp_entry_unlock(e);
+}
+
+void mp_streams_retire_parks(magpool_t *pool, mp_sentry *except) {
+  mp_streams_read_lock();
+  mp_streams_each_rcu(pool, park_retire_one, except);
+  mp_streams_read_unlock();
+}
+
 void mp_streams_flush_caches(magpool_t *pool) {
   mp_streams_read_lock();
   mp_streams_each_rcu(pool, flush_one, NULL);

@@ -98,6 +98,11 @@ typedef struct mp_stream_ops {
    * (cudaStreamPerThread)?  Such an entry's blocks can only be retired by
    * the thread whose stream it is. */
   bool (*per_thread)(magpool_stream_t s);
+  /* 1 if s has finished every piece of work queued on it so far (so a
+   * free made on s now is already passed), 0 if not or not known; never
+   * waits.  NULL: never known (CUDA streams: a query could invalidate a
+   * capture in progress on another thread). */
+  int (*idle)(void *dev, magpool_stream_t s);
   /* Must every async free ask capturing() first?  (CUDA: yes, a free
    * recorded into a graph must not make its block reusable; host: no.) */
   bool check_capture;

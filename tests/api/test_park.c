@@ -205,3 +205,87 @@ Test(park, a_parked_run_serves_only_requests_it_covers, .timeout = 60) {
   gate_done(&g);
   finish(pool, PS, &S, 1);
 }
+
+/* A new peak: an allocation on S that would raise the pool's high-water
+ * mark of busy chunks above pool_size.  T's park goes behind T first;
+ * T has finished all its work (nothing was ever queued on it), so T has
+ * passed the free and the 8 MiB run goes to the trees at once, where S's
+ * request finds its chunks: the pool does not grow, nothing is pending. */
+Test(park, a_new_peak_takes_back_what_a_passed_stream_parked, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
+  magpool_stream_t S = stream_new(), T = stream_new();
+  void *fill = magpool_alloc(pool, PS - 8 * MiB);
+  void *x = magpool_alloc_async(pool, 8 * MiB, T);
+  cr_assert(fill != NULL && x != NULL);
+  cr_assert_eq(magpool_free_async(pool, x, T), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, 8 * MiB, "the 8 MiB run was not parked on T");
+  cr_assert_eq(st.pending_bytes, 0);
+  size_t res = st.reserved_bytes;
+  void *y = magpool_alloc_async(pool, 8 * MiB, S);
+  cr_assert_not_null(y);
+  st = mpt_stats(pool);
+  cr_assert_eq(st.reserved_bytes, res, "the pool grew from %zu to %zu with 8 MiB parked on idle T",
+               res, st.reserved_bytes);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.cached_bytes, 0, "T's park still holds %zu", st.cached_bytes);
+  cr_assert_eq(st.used_bytes, PS, "used %zu: not the filler and y alone", st.used_bytes);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free(pool, fill), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
+/* The same with T blocked: the run T parked goes behind T, where S cannot
+ * have it (T has not passed the free): S's request gets new memory, and
+ * the run is pending until T passes. */
+Test(park, a_new_peak_never_takes_what_a_blocked_stream_parked, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
+  magpool_stream_t S = stream_new(), T = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(T, gate_task, &g);
+  gate_wait_entered(&g);
+  void *fill = magpool_alloc(pool, PS - 8 * MiB);
+  void *x = magpool_alloc_async(pool, 8 * MiB, T);
+  cr_assert(fill != NULL && x != NULL);
+  cr_assert_eq(magpool_free_async(pool, x, T), 0);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 8 * MiB, "the 8 MiB run was not parked on T");
+  void *y = magpool_alloc_async(pool, 8 * MiB, S);
+  cr_assert_not_null(y);
+  cr_assert_neq(y, x, "S got the run freed on T before T passed the free");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 8 * MiB, "T's park was not retired behind T (pending %zu)",
+               st.pending_bytes);
+  cr_assert_eq(st.cached_bytes, 0);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free(pool, fill), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(T), 0);
+  gate_done(&g);
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
+/* Parking off: a free on a stream that has finished all its work (none
+ * was ever queued) is already passed, so the block goes to the tree at
+ * once, and a synchronous allocation may have it. */
+Test(park, a_free_on_a_passed_stream_is_not_pending, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .stream_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  void *x = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0, "a free on a passed stream is pending (%zu)", st.pending_bytes);
+  cr_assert_eq(st.used_bytes, 0);
+  cr_assert_eq(st.free_bytes, PS);
+  finish(pool, PS, &S, 1);
+}
