@@ -136,9 +136,14 @@ typedef struct magpool_config {
                                 freed on it for every thread's reuse on
                                 it: this many bytes of small blocks, and
                                 up to max(this, pool_size / 8) of blocks
-                                larger than cache_max_block; trim and
-                                the out-of-memory path return them.  0
-                                retires every async free at once         */
+                                larger than cache_max_block (counted as
+                                magpool_usable_size counts them); trim,
+                                the out-of-memory path and an allocation
+                                that would raise the pool's peak return
+                                them.  0 retires every async free at once.
+                                A retire on a host stream that has
+                                finished all its work returns the blocks
+                                to the pool at once                      */
   int capture_check;         /* nonzero (default): every async free on a
                                 CUDA stream asks cudaStreamIsCapturing
                                 (about 80 ns on an H200) and answers

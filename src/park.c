@@ -11,7 +11,15 @@
  *     held it, no magazine), one at a time (mp_park_put);
  *   - a slot's overflow, whole magazines (mp_park_put_chain).
  * An allocation on the stream that misses its slot takes from the park
- * (mp_park_take) before it goes to the tree.  Reuse is exact-order.
+ * (mp_park_take) before it goes to the tree.  Reuse is by order; on a
+ * chunked pool a run also by cost (its backed chunks must cover the
+ * request, best fit within need/8), and every count is a block's cost
+ * (mp_block_cost).
+ *
+ * At a new peak (mp_park_new_peak: the busy chunks would pass their
+ * high-water mark and pool_size) an allocation retires the parks,
+ * every other stream's and its own (mp_park_settle), before the tree:
+ * held blocks would otherwise raise the mark for good.  Never a wait.
  *
  * Budget and batching (one stream callback per batch, never per free):
  *   - blocks of stream-cached orders: at most stream_cache_bytes; blocks
