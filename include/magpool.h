@@ -131,8 +131,19 @@ typedef struct magpool_config {
   size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks
                                 it freed on one stream, for reuse on that
                                 stream, before a batch is retired to the
-                                pool behind the stream; default 8 MiB; 0
-                                retires every async free at once         */
+                                pool behind the stream; default 8 MiB.
+                                Each stream also keeps blocks any thread
+                                freed on it for every thread's reuse on
+                                it: this many bytes of small blocks, and
+                                up to max(this, pool_size / 8) of blocks
+                                larger than cache_max_block (counted as
+                                magpool_usable_size counts them); trim,
+                                the out-of-memory path and an allocation
+                                that would raise the pool's peak return
+                                them.  0 retires every async free at once.
+                                A retire on a host stream that has
+                                finished all its work returns the blocks
+                                to the pool at once                      */
   int capture_check;         /* nonzero (default): every async free on a
                                 CUDA stream asks cudaStreamIsCapturing
                                 (about 80 ns on an H200) and answers
@@ -384,10 +395,11 @@ MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
 /* Allocates size bytes for use on stream s, with the semantics of
  * cudaMallocAsync: the block may be handed out while earlier work on s is
  * still running, so it is only safe to use from work queued on s after this
- * call (or after synchronising s).  Blocks a thread freed on s are reused
- * by that thread's allocations on s at once; any other allocation (another
- * stream, another thread, the synchronous API) gets them only once s has
- * passed the free.  s may be NULL: the legacy default stream on
+ * call (or after synchronising s).  Blocks freed on s are reused by
+ * allocations on s at once: a thread's own small blocks by that thread,
+ * and any block, of any size, by every thread's allocations on s; any
+ * other allocation (another stream, the synchronous API) gets them only
+ * once s has passed the free.  s may be NULL: the legacy default stream on
  * DEVICE and PINNED pools; "no stream" (same as magpool_alloc) on HOST
  * pools.  Errors as magpool_alloc, plus MAGPOOL_ECUDA if a CUDA call
  * failed, and MAGPOOL_EINVAL for a stream of the wrong kind where that can

@@ -5,11 +5,13 @@
  * holds the slot, and the slot's magazine for the class has a block
  * (alloc) or room (free), for a block of region 0.  No atomic RMW, no
  * lock, no shared write but the block's header.  Anything else takes the
- * full path, which repeats every check.  A miss calls the validated
- * internal paths of alloc.c (any block free for the whole pool is free
- * for s too), never the public entry points.
+ * full path, which repeats every check.  The full paths use the stream's
+ * park (park.c) next: blocks any thread freed on s, of any size.  A miss
+ * calls the validated internal paths of alloc.c (any block free for the
+ * whole pool is free for s too), never the public entry points.
  */
 #include "alloc.h"
+#include "park.h"
 #include "stream_cache.h"
 
 /* The memo: the record's slot for s, while no trim happened since (the
@@ -61,9 +63,16 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
   rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
-  if (order < pool->s_nclasses && sl != NULL) {
-    void *p = mp_slot_pop_owner(pool, sl, order);
+  if (sl != NULL) {
+    void *p = order < pool->s_nclasses ? mp_slot_pop_owner(pool, sl, order) : NULL;
+    /* Then what any thread freed on s: free for s at once. */
+    if (p == NULL) p = mp_park_take(pool, sl->e, order, size);
     if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
+    if (mp_park_new_peak(pool, order, size)) {
+      mp_streams_retire_parks(pool, sl->e);
+      mp_park_settle(pool, sl->e, s);
+      mp_retire_drain(pool, &tc->acct);
+    }
   }
   return mp_alloc_order(pool, tc, order, size, 0);
 }
@@ -121,7 +130,10 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot 
   mp_owner_add(&tc->st.frees, 1);
   if (order < pool->s_nclasses && sl != NULL && mp_slot_push_owner(pool, sl, s, p, order))
     return 0;
-  /* Uncached: retire this block alone. */
+  /* Not in the slot: the stream's park, reusable at once by any thread's
+   * allocations on s, retired in batches. */
+  if (sl != NULL && mp_park_put(pool, sl->e, s, p, order)) return 0;
+  /* Unparked: retire this block alone. */
   mp_mag *m = mp_mag_new(pool, order);
   if (m == NULL) { /* no host memory: wait for the stream instead */
     pool->sops->sync(pool->src_ctx, s);

@@ -102,6 +102,14 @@ enum {
                             chunk busy and has not yet read its state     */
   MP_HOOK_CHUNK_UNMAP,   /* arg: the chunk's address; an unmap marked it
                             UNMAPPING and has not yet re-read busy        */
+  MP_HOOK_PARK_WAIT,     /* arg: the mp_park; its lock is busy           */
+  MP_HOOK_PARK_PUT,      /* arg: the mp_park; a free holds its lock, the
+                            block is in, not yet visible to others       */
+  MP_HOOK_PARK_TAKE,     /* arg: the mp_park; an allocation holds its
+                            lock and has not yet looked                  */
+  MP_HOOK_PARK_FLUSH,    /* arg: the mp_park; a flush (trim, the ladder,
+                            release, a thread's flush) holds its lock and
+                            has not yet taken anything                   */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before

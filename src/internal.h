@@ -366,6 +366,11 @@ void mp_streams_release(magpool_t *pool, uint64_t sid, magpool_stream_t s);
 /* Retires what every stream slot holds (behind their streams), skipping
  * busy entries and per-thread streams.  Any thread. */
 void mp_streams_flush_caches(magpool_t *pool);
+/* Retires every stream's park but except's (behind their streams; a
+ * stream that has passed them gives them to the trees at once), skipping
+ * busy entries, per-thread and capturing streams.  Never waits.  Any
+ * thread. */
+void mp_streams_retire_parks(magpool_t *pool, mp_sentry *except);
 /* The owner retires its own slots (those of per-thread streams only it
  * can retire): at thread exit (`exiting`: its per-thread stream's entry is
  * released too) and after a trim.  Owner of tc only. */

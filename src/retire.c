@@ -57,9 +57,12 @@ static void batch_done(void *arg, int status) {
 
 void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain) {
   mp_retire *rt = &pool->retire;
-  mp_batch *b = malloc(sizeof *b);
-  if (b == NULL) { /* no host memory: wait for the stream, then free */
-    pool->sops->sync(pool->src_ctx, h);
+  /* A stream that has finished everything queued on it has passed these
+   * frees already: the blocks go to the trees now, no batch. */
+  bool passed = pool->sops->idle != NULL && pool->sops->idle(pool->src_ctx, h) == 1;
+  mp_batch *b = passed ? NULL : malloc(sizeof *b);
+  if (b == NULL) { /* passed, or no host memory: wait for the stream, then free */
+    if (!passed) pool->sops->sync(pool->src_ctx, h);
     mp_acct a = {0, 0};
     mp_chain_give(pool, &a, chain);
     mp_acct_settle(pool, &a);
@@ -74,6 +77,7 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t
     for (uint32_t i = 0; i < m->count; i++)
       b->bytes += (int64_t)mp_block_cost(pool, m->slot[i], m->order);
   mp_fetch_add_relaxed(&rt->pending_bytes, b->bytes);
+  mp_fetch_add_relaxed(&rt->batches, 1);
   mp_fetch_add_acq_rel(&rt->pending_batches, 1);
   mp_fetch_add_acq_rel(pending, 1);
   int rc = pool->sops->after(pool->src_ctx, h, batch_done, b);

@@ -5,8 +5,10 @@
  * regions; the thread record calls it, never the reverse.
  *
  * A block freed on stream S by thread T is reusable at once by T's
- * allocations on S (the slot), and by everyone else once S has passed the
- * free (the slot's magazines are retired behind S).  A thread-local
+ * allocations on S (the slot); the slot's overflow goes to S's park
+ * (park.c), reusable at once by every thread's allocations on S; everyone
+ * else gets them once S has passed the free (the park retires them behind
+ * S in batches; thieves retire slots and park together).  A thread-local
  * one-entry memo maps (handle, epoch) to the slot; magpool_stream_release
  * bumps the epoch, so no memo outlives a release.
  *
@@ -24,6 +26,7 @@
  *   tree free + live + thread caches + depots + stream slots + pending +
  *   ready == reserved
  */
+#include "park.h"
 #include "stream_cache.h"
 
 #include <sched.h>
@@ -241,7 +244,10 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
   if (mp_load_relaxed(&sl->bytes) > (int64_t)pool->cfg.stream_cache_bytes)
     chain = slot_take_full(pool, sl);
   mp_slot_exit_owner(sl);
-  if (chain != NULL) mp_retire_chain(pool, &sl->e->pending, s, chain);
+  /* The overflow goes to the stream's park, where any thread's
+   * allocations on s reuse it; the park batches the retires. */
+  if (chain != NULL && !mp_park_put_chain(pool, sl->e, s, chain))
+    mp_retire_chain(pool, &sl->e->pending, s, chain);
   return true;
 }
 
@@ -251,7 +257,7 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
  * freed on the entry's stream go behind its work (h names it here), the
  * slots close, and the entry leaves the table. */
 static void entry_release_locked(magpool_t *pool, mp_sentry *e, magpool_stream_t h) {
-  mp_mag *chain = entry_steal_locked(pool, e, true);
+  mp_mag *chain = mp_park_take_all(pool, e, true, entry_steal_locked(pool, e, true));
   if (chain != NULL) mp_retire_chain(pool, &e->pending, h, chain);
   mp_entry_release_locked(pool, e);
 }
@@ -275,10 +281,27 @@ static void flush_one(magpool_t *pool, mp_sentry *e, void *arg) {
    * owner's: only the owner retires it (mp_streams_thread_flush). */
   if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
       pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
-    mp_mag *chain = entry_steal_locked(pool, e, false);
+    mp_mag *chain = mp_park_take_all(pool, e, false, entry_steal_locked(pool, e, false));
     if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
   }
   mp_entry_unlock(e);
+}
+
+static void park_retire_one(magpool_t *pool, mp_sentry *e, void *except) {
+  if (e == except || mp_load_relaxed(&e->park.bytes) == 0) return;
+  if (mp_load_relaxed(&e->sid) == 0 || !mp_entry_try(e)) return; /* busy: skip it */
+  if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
+      pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
+    mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
+    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
+  }
+  mp_entry_unlock(e);
+}
+
+void mp_streams_retire_parks(magpool_t *pool, mp_sentry *except) {
+  mp_streams_read_lock();
+  mp_streams_each_rcu(pool, park_retire_one, except);
+  mp_streams_read_unlock();
 }
 
 void mp_streams_flush_caches(magpool_t *pool) {
@@ -298,7 +321,11 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
     /* At exit, the entry of this thread's per-thread stream is released:
      * no other thread can ever name that stream. */
     bool own_stream = exiting && pool->sops->per_thread(e->handle);
-    if (mp_load_relaxed(&sl->bytes) == 0 && !own_stream) continue;
+    /* After a trim, the stream's park too (every thread that used the
+     * stream passes here); at exit only the slot: other threads may still
+     * be reusing the park. */
+    bool park = !exiting && mp_load_relaxed(&e->park.bytes) != 0;
+    if (mp_load_relaxed(&sl->bytes) == 0 && !park && !own_stream) continue;
     mp_streams_read_lock();
     mp_entry_lock(e);
     /* Released: the release took what the slot held, and no async call on
@@ -313,6 +340,7 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
         mp_mag *chain = slot_take_all(pool, sl);
         mp_slot_exit_owner(sl);
         MP_HOOK(MP_HOOK_SLOT_FLUSH, sl);
+        if (park) chain = mp_park_take_all(pool, e, false, chain);
         if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain);
       }
     }

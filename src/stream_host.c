@@ -345,6 +345,19 @@ static int host_sync_all(void *dev) {
   return MAGPOOL_ENOTSUP;
 }
 
+/* Lock: the ACQUIRE that pairs with the worker's unlock after it counted
+ * the last task complete, so what the tasks did happens before the
+ * caller reuses anything they used. */
+static int host_idle(void *dev, magpool_stream_t s) {
+  (void)dev;
+  if (!mp_host_stream_valid(s)) return 0;
+  mp_host_stream *hs = mp_hs_of(s);
+  pthread_mutex_lock(&hs->lock);
+  int idle = hs->completed == hs->launched;
+  pthread_mutex_unlock(&hs->lock);
+  return idle;
+}
+
 static bool host_per_thread(magpool_stream_t s) {
   (void)s;
   return false;
@@ -358,4 +371,5 @@ const mp_stream_ops mp_host_stream_ops = {
   .sync = host_sync,
   .capturing = host_capturing,
   .sync_all = host_sync_all,
+  .idle = host_idle,
 };

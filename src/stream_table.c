@@ -230,6 +230,7 @@ void mp_streams_each_rcu(magpool_t *pool, void (*fn)(magpool_t *, mp_sentry *, v
 static void stats_one(magpool_t *pool, mp_sentry *e, void *arg) {
   (void)pool;
   int64_t *c = arg;
+  *c += mp_load_relaxed(&e->park.bytes);
   for (mp_sslot *sl = mp_load_acquire(&e->slots); sl != NULL; sl = mp_load_acquire(&sl->next))
     *c += mp_load_relaxed(&sl->bytes);
 }

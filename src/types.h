@@ -98,6 +98,11 @@ typedef struct mp_stream_ops {
    * (cudaStreamPerThread)?  Such an entry's blocks can only be retired by
    * the thread whose stream it is. */
   bool (*per_thread)(magpool_stream_t s);
+  /* 1 if s has finished every piece of work queued on it so far (so a
+   * free made on s now is already passed), 0 if not or not known; never
+   * waits.  NULL: never known (CUDA streams: a query could invalidate a
+   * capture in progress on another thread). */
+  int (*idle)(void *dev, magpool_stream_t s);
   /* Must every async free ask capturing() first?  (CUDA: yes, a free
    * recorded into a graph must not make its block reusable; host: no.) */
   bool check_capture;
@@ -246,6 +251,8 @@ typedef struct mp_retire {
   _Atomic(mp_batch *) ready;       /* push: CAS (callbacks); take: xchg  */
   _Atomic int64_t orphan_pending;  /* batches of no stream entry (no host
                                       memory for one), callback not run  */
+  _Atomic uint64_t batches;        /* batches retired so far (relaxed; a
+                                      statistic the tests read)          */
 } mp_retire;
 
 /* ------------------------------------------------------ layer 4: caches */
@@ -269,6 +276,28 @@ typedef struct mp_sslot {
   mp_mag *full[MP_MAX_CLASSES]; /* chain of full magazines (via next)    */
 } mp_sslot;
 
+/* Blocks freed on one stream that any thread's allocations on that
+ * stream may reuse at once ("parked"), until a batch retires them behind
+ * the stream (park.c).  Per order, a chain of magazines whose head may be
+ * partial (or empty: it is kept for the next park).  Everything but `mask`
+ * and `bytes` is read and written only under `lock`, the innermost lock
+ * (rank 0: nothing else is taken while it is held but the lock-free
+ * magazine stacks). */
+typedef struct mp_park {
+  _Atomic int lock;             /* 0 free, 1 held: ACQUIRE CAS, RELEASE  */
+  _Atomic uint64_t mask;        /* bit o: order o has blocks.  Written
+                                   under lock, read relaxed as a hint    */
+  _Atomic int64_t bytes;        /* bytes parked: written under lock, read
+                                   by stats (relaxed)                    */
+  int64_t small_bytes;          /* of orders < pool->s_nclasses (lock)   */
+  uint32_t clock;               /* parks and takes so far (lock)         */
+  bool closed;                  /* released: parks go elsewhere (lock)   */
+  mp_mag *mags[MP_MAX_ORDER + 1]; /* per order, chain via next (lock)    */
+  int64_t obytes[MP_MAX_ORDER + 1]; /* per order, bytes parked (lock)    */
+  uint32_t used[MP_MAX_ORDER + 1];  /* per order, clock at its last park
+                                       or take (lock)                    */
+} mp_park;
+
 /* One per (pool, stream id) while the stream is in use; a new one after
  * each release.  Life (stream_table.c): created into the table (liburcu
  * cds_lfht, found inside read-side sections), removed from it by release
@@ -287,6 +316,8 @@ typedef struct mp_sentry {
   _Atomic(mp_sslot *) slots;  /* push under the entry lock; slots leave
                                  only once the entry is dead (RCU)      */
   struct mp_sentry *dead_next;/* dead list (under dead_lock)            */
+  mp_park park;               /* blocks any thread may reuse on the
+                                 stream (park.c)                        */
 } mp_sentry;
 
 /* The stream table: the liburcu hash table of live entries, and the list

@@ -5,7 +5,8 @@
  *                  [--destroy-rounds R]
  *
  * T worker slots each run a thread that, until time is up, allocates blocks
- * of random sizes (log-uniform, 64 B .. 1 MiB; a per-slot splitmix64 PRNG
+ * of random sizes (log-uniform, 64 B .. 1 MiB; with --streams, 1 in 32
+ * uniform in 1 .. 4 MiB; a per-slot splitmix64 PRNG
  * seeded from --seed and the slot index), keeps a bounded window of live
  * blocks, and frees them at random:
  *   - with magpool_free or magpool_free_sized (the exact requested size);
@@ -160,6 +161,7 @@
 
 #define MIN_SIZE_LOG 6   /* 64 B  */
 #define MAX_SIZE_LOG 20  /* 1 MiB */
+#define LARGE_MIN_LOG 20 /* large requests: 1 MiB .. 4 MiB, on streams only */
 #define GRANULE_LOG 6    /* ownership bitmap: one bit per 64 bytes */
 #define NXCHG 64         /* exchange slots */
 #define MAX_DETAILS 40   /* violation messages printed */
@@ -601,6 +603,10 @@ static void op_alloc(slot *sl) {
   size_t req = rand_size(sl);
   uint64_t r = rnd(sl);
   int j = pick_stream(sl, r >> 5);
+  /* 1 in 32 allocations of a thread with streams is large (1 to 4 MiB,
+   * past cache_max_block): freed on a stream, such blocks go through the
+   * stream's park, which every thread on that stream takes from. */
+  if (j >= 0 && ((r >> 40) & 31) == 0) req = ((size_t)1 << LARGE_MIN_LOG) + (size_t)((r >> 45) % (3u << LARGE_MIN_LOG));
   bool async = j >= 0 && (r & 1);
   /* 1 in 16 async allocations pass the NULL stream: "no stream" on a
    * HOST pool, the same as magpool_alloc. */

@@ -58,6 +58,7 @@ retire.c        3   retire: batches, stream callback, ready list
 
 stream_table.c  4   caches and the thread record
 stream_cache.c  4
+park.c          4
 magazine.c      4
 thread.c        4
 

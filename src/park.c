@@ -1,0 +1,322 @@
+/* park.c - the stream entry's park: blocks freed on a stream that
+ * allocations on that stream reuse at once, from any thread and at any
+ * size, until they are retired behind the stream in batches.  Layer 4:
+ * calls retire and the magazine objects; stream_cache.c (the thieves) and
+ * alloc_async.c (the async calls) call it.
+ *
+ * A thread's own slot (stream_cache.c) stays the first tier for small
+ * blocks: lock-free, no atomic RMW.  The park is the shared second tier:
+ *   - blocks of orders no slot caches (larger than cache_max_block, or
+ *     than half of stream_cache_bytes), and blocks a slot refused (a thief
+ *     held it, no magazine), one at a time (mp_park_put);
+ *   - a slot's overflow, whole magazines (mp_park_put_chain).
+ * An allocation on the stream that misses its slot takes from the park
+ * (mp_park_take) before it goes to the tree.  Reuse is by order; on a
+ * chunked pool a run also by cost (its backed chunks must cover the
+ * request, best fit within need/8), and every count is a block's cost
+ * (mp_block_cost).
+ *
+ * At a new peak (mp_park_new_peak: the busy chunks would pass their
+ * high-water mark and pool_size) an allocation retires the parks,
+ * every other stream's and its own (mp_park_settle), before the tree:
+ * held blocks would otherwise raise the mark for good.  Never a wait.
+ *
+ * Budget and batching (one stream callback per batch, never per free):
+ *   - blocks of stream-cached orders: at most stream_cache_bytes; blocks
+ *     of larger orders: at most max(stream_cache_bytes, pool_size / 8).
+ *     A park that would pass the budget of the incoming block's kind
+ *     first retires that kind's least recently used orders until it fits
+ *     in half the budget, in one batch, then parks the new block, the one
+ *     most likely to be asked for next; a single block larger than the
+ *     budget is parked alone;
+ *   - age: every MP_PARK_AGE_STEP-th park retires the orders nothing
+ *     parked or took in the last MP_PARK_AGE operations on the park (one
+ *     batch), so a busy stream does not keep sizes it no longer asks for;
+ *     a counter under the lock, no clock;
+ *   - trim, the out-of-memory ladder's cache rung, magpool_stream_release
+ *     and a thread's own flush (trim epoch, exit) retire the whole park
+ *     (mp_park_take_all), under the entry lock;
+ *   - stream_cache_bytes == 0 turns parking off: every async free is
+ *     retired at once, as magpool.h says.
+ * Parked bytes are cached bytes in the statistics (stream_table.c).
+ *
+ * Concurrency: the lock is a test-and-test-and-set word, held for a few
+ * loads and stores (and, at most, one magazine from the lock-free spare
+ * stack); it is the innermost lock, so holding it never waits for
+ * anything but another holder.  Its ACQUIRE CAS and RELEASE store order
+ * a parker's writes before a taker's reads; `mask` and `bytes` are also
+ * read without it, relaxed, as a hint (a stale mask costs one missed
+ * reuse or one empty look) and as a statistic.
+ */
+#include "park.h"
+
+#include <sched.h>
+
+/* Age: every MP_PARK_AGE_STEP-th park retires the orders that no park or
+ * take touched in the last MP_PARK_AGE operations on the park. */
+#define MP_PARK_AGE 256u
+#define MP_PARK_AGE_STEP 64u
+
+static void park_lock(mp_park *k) {
+  for (unsigned spins = 0;; spins++) {
+    int z = 0;
+    /* ACQUIRE: pairs with park_unlock's RELEASE; the last holder's
+     * writes (magazines, counts) are visible to us. */
+    if (mp_load_relaxed(&k->lock) == 0 && mp_cas_strong_acquire(&k->lock, &z, 1)) return;
+    MP_HOOK(MP_HOOK_PARK_WAIT, k);
+    if (spins >= 64) sched_yield();
+  }
+}
+
+static void park_unlock(mp_park *k) { mp_store_release(&k->lock, 0); }
+
+int64_t mp_park_budget(const magpool_t *pool, unsigned order) {
+  int64_t sc = (int64_t)pool->cfg.stream_cache_bytes;
+  if (order < pool->s_nclasses || sc == 0) return sc;
+  int64_t big = (int64_t)(pool->cfg.pool_size / 8);
+  return big > sc ? big : sc;
+}
+
+/* What a magazine's blocks cost (mp_block_cost). */
+static int64_t mag_cost(const magpool_t *pool, const mp_mag *m) {
+  int64_t b = 0;
+  for (uint32_t i = 0; i < m->count; i++) b += (int64_t)mp_block_cost(pool, m->slot[i], m->order);
+  return b;
+}
+
+static bool is_small(const magpool_t *pool, unsigned order) { return order < pool->s_nclasses; }
+
+static void set_bytes(mp_park *k, const magpool_t *pool, unsigned o, int64_t d) {
+  k->obytes[o] += d;
+  mp_store_relaxed(&k->bytes, mp_load_relaxed(&k->bytes) + d);
+  if (is_small(pool, o)) k->small_bytes += d;
+}
+
+/* Under the lock: detaches every block of order o onto *chain; frees
+ * empty magazines. */
+static void detach_order(magpool_t *pool, mp_park *k, unsigned o, mp_mag **chain) {
+  mp_mag *m = k->mags[o];
+  k->mags[o] = NULL;
+  while (m != NULL) {
+    mp_mag *mn = mp_load_relaxed(&m->next);
+    if (m->count == 0) {
+      mp_mag_free(pool, m);
+    } else {
+      mp_store_relaxed(&m->next, *chain);
+      *chain = m;
+    }
+    m = mn;
+  }
+  set_bytes(k, pool, o, -k->obytes[o]);
+  mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) & ~((uint64_t)1 << o));
+}
+
+/* Under the lock: every order in [lo, hi) onto *chain. */
+static void detach_range(magpool_t *pool, mp_park *k, unsigned lo, unsigned hi, mp_mag **chain) {
+  for (unsigned o = lo; o < hi; o++)
+    if (k->mags[o] != NULL) detach_order(pool, k, o, chain);
+}
+
+/* What a block of `order` must cost (mp_block_cost) to serve a request
+ * of `size`: on a chunked pool a block of a chunk or more is backed only
+ * in whole chunks up to the size its first request asked for. */
+static size_t need_cost(const magpool_t *pool, unsigned order, size_t size) {
+  size_t bs = mp_block_bytes(pool, order);
+  const mp_chunks *c = pool->chunks;
+  if (c == NULL || bs < c->chunk) return bs;
+  size_t n = size == 0 ? 1 : (size + c->chunk - 1) >> c->shift;
+  return n << c->shift;
+}
+
+/* May blocks of `order` cost less than their size (runs backed for
+ * their first request)? */
+static bool partial(const magpool_t *pool, unsigned order) {
+  return pool->chunks != NULL && mp_block_bytes(pool, order) >= pool->chunks->chunk;
+}
+
+/* Most a reused block may cost over what the request needs: a run
+ * backed for a larger request wastes its extra chunks while it is live,
+ * and the run it could have served maps new ones. */
+static size_t waste_max(const magpool_t *pool, size_t need) {
+  size_t w = need / 8, ch = pool->chunks != NULL ? pool->chunks->chunk : 0;
+  return w > ch ? w : ch;
+}
+
+/* Under the lock: takes from the chain m of order o the block of least
+ * cost at least `need` (and within waste_max of it), or NULL. */
+static void *pop_fit(const magpool_t *pool, mp_mag *m, unsigned o, size_t need) {
+  mp_mag *bm = NULL;
+  uint32_t bi = 0;
+  size_t best = SIZE_MAX, limit = need + waste_max(pool, need);
+  for (; m != NULL && best != need; m = mp_load_relaxed(&m->next))
+    for (uint32_t i = m->count; i-- > 0;) {
+      size_t c = mp_block_cost(pool, m->slot[i], o);
+      if (c < need || c > limit || c >= best) continue;
+      best = c, bm = m, bi = i;
+      if (c == need) break;
+    }
+  if (bm == NULL) return NULL;
+  void *p = bm->slot[bi];
+  bm->slot[bi] = bm->slot[--bm->count];
+  return p;
+}
+
+void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size) {
+  mp_park *k = &e->park;
+  if ((mp_load_relaxed(&k->mask) >> order & 1) == 0) return NULL;
+  size_t need = need_cost(pool, order, size);
+  park_lock(k);
+  MP_HOOK(MP_HOOK_PARK_TAKE, k);
+  void *p = NULL;
+  mp_mag *m = k->mags[order];
+  if (m != NULL && m->count == 0 && mp_load_relaxed(&m->next) != NULL) {
+    k->mags[order] = mp_load_relaxed(&m->next); /* an empty head over full ones */
+    mp_mag_free(pool, m);
+    m = k->mags[order];
+  }
+  /* A run parked for a smaller request is backed by fewer chunks than
+   * this one needs: it stays parked, and another, or the tree, serves. */
+  if (m != NULL) p = !partial(pool, order) && m->count != 0
+                        ? m->slot[--m->count] /* every block of the order fits */
+                        : pop_fit(pool, m, order, need);
+  if (p != NULL) {
+    set_bytes(k, pool, order, -(int64_t)mp_block_cost(pool, p, order));
+    k->used[order] = ++k->clock;
+    /* The empty head stays for the next park unless full ones follow;
+     * an emptied magazine further down stays until the order is retired. */
+    if (k->obytes[order] == 0)
+      mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) & ~((uint64_t)1 << order));
+  }
+  park_unlock(k);
+  return p;
+}
+
+/* Under the lock, before `add` bytes of `order` come in: every
+ * MP_PARK_AGE_STEP-th time, the orders idle for MP_PARK_AGE operations go;
+ * then, if the kind of `order` (stream-cached orders, or larger ones)
+ * would pass its budget, its least recently used orders go until it fits
+ * in half the budget (so that the batch is worth its callback, and the
+ * next ones are far).  What goes is put on *old (one batch). */
+static void make_room_locked(magpool_t *pool, mp_park *k, unsigned order, int64_t add,
+                             mp_mag **old) {
+  uint32_t now = ++k->clock;
+  if (now % MP_PARK_AGE_STEP == 0) {
+    for (unsigned o = 0; o <= MP_MAX_ORDER; o++)
+      if (k->mags[o] != NULL && o != order && now - k->used[o] > MP_PARK_AGE)
+        detach_order(pool, k, o, old);
+  }
+  k->used[order] = now;
+  bool small = is_small(pool, order);
+  unsigned lo = small ? 0 : pool->s_nclasses, hi = small ? pool->s_nclasses : MP_MAX_ORDER + 1;
+  int64_t budget = mp_park_budget(pool, order);
+  int64_t kind = small ? k->small_bytes : mp_load_relaxed(&k->bytes) - k->small_bytes;
+  if (kind + add <= budget) return;
+  while (kind + add > budget / 2) {
+    unsigned lru = hi;
+    for (unsigned o = lo; o < hi; o++)
+      if (k->obytes[o] != 0 && (lru == hi || now - k->used[o] > now - k->used[lru])) lru = o;
+    if (lru == hi) break; /* nothing left: the new block is parked alone */
+    kind -= k->obytes[lru];
+    detach_order(pool, k, lru, old);
+  }
+}
+
+bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order) {
+  if (pool->cfg.stream_cache_bytes == 0) return false;
+  mp_park *k = &e->park;
+  int64_t b = (int64_t)mp_block_cost(pool, p, order);
+  mp_mag *old = NULL;
+  bool ok = false;
+  park_lock(k);
+  if (!k->closed) {
+    make_room_locked(pool, k, order, b, &old);
+    mp_mag *m = k->mags[order];
+    if (m == NULL || m->count == m->cap) {
+      mp_mag *n = mp_mag_new_cap(pool, order, MP_MAG_SLOTS);
+      if (n != NULL) {
+        mp_store_relaxed(&n->next, m);
+        k->mags[order] = n;
+      }
+      m = n;
+    }
+    if (m != NULL) {
+      m->slot[m->count++] = p;
+      set_bytes(k, pool, order, b);
+      mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) | (uint64_t)1 << order);
+      ok = true;
+      MP_HOOK(MP_HOOK_PARK_PUT, k);
+    }
+  }
+  park_unlock(k);
+  if (old != NULL) mp_retire_chain(pool, &e->pending, s, old);
+  return ok;
+}
+
+bool mp_park_put_chain(magpool_t *pool, mp_sentry *e, magpool_stream_t s, mp_mag *chain) {
+  if (pool->cfg.stream_cache_bytes == 0 || chain == NULL) return false;
+  mp_park *k = &e->park;
+  int64_t add = 0;
+  for (mp_mag *m = chain; m != NULL; m = mp_load_relaxed(&m->next))
+    add += mag_cost(pool, m);
+  mp_mag *old = NULL;
+  bool ok = false;
+  park_lock(k);
+  if (!k->closed) {
+    make_room_locked(pool, k, chain->order, add, &old);
+    uint64_t mask = mp_load_relaxed(&k->mask);
+    for (mp_mag *m = chain, *mn; m != NULL; m = mn) {
+      mn = mp_load_relaxed(&m->next);
+      mp_mag *h = k->mags[m->order];
+      if (h != NULL) { /* behind the head, which may be partial */
+        mp_store_relaxed(&m->next, mp_load_relaxed(&h->next));
+        mp_store_relaxed(&h->next, m);
+      } else {
+        mp_store_relaxed(&m->next, NULL);
+        k->mags[m->order] = m;
+      }
+      if (m->count != 0) mask |= (uint64_t)1 << m->order;
+      set_bytes(k, pool, m->order, mag_cost(pool, m));
+      k->used[m->order] = k->clock;
+    }
+    mp_store_relaxed(&k->mask, mask);
+    ok = true;
+    MP_HOOK(MP_HOOK_PARK_PUT, k);
+  }
+  park_unlock(k);
+  if (old != NULL) mp_retire_chain(pool, &e->pending, s, old);
+  return ok;
+}
+
+mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chain) {
+  mp_park *k = &e->park;
+  if (!close && mp_load_relaxed(&k->bytes) == 0) return chain;
+  park_lock(k);
+  MP_HOOK(MP_HOOK_PARK_FLUSH, k);
+  detach_range(pool, k, 0, MP_MAX_ORDER + 1, &chain);
+  if (close) k->closed = true;
+  park_unlock(k);
+  return chain;
+}
+
+/* Chunks a request of `size` in a block of `order` needs: its cost in
+ * whole chunks, 0 under a chunk. */
+static uint64_t need_chunks(const magpool_t *pool, unsigned order, size_t size) {
+  return (uint64_t)(need_cost(pool, order, size) >> pool->chunks->shift);
+}
+
+bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size) {
+  const mp_chunks *c = pool->chunks;
+  if (c == NULL) return false;
+  uint64_t n = need_chunks(pool, order, size);
+  if (n == 0) n = 1; /* under a chunk: when no chunk is free of blocks */
+  uint64_t after = mp_load_relaxed(&c->nbusy) + n;
+  /* pool_size stays mapped (keep): only above it does a peak cost. */
+  return after > mp_load_relaxed(&c->hwm) && after > c->keep;
+}
+
+void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
+  if (mp_load_relaxed(&e->park.bytes) == 0 || pool->sops->capturing(pool->src_ctx, s) != 0)
+    return;
+  mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
+  if (chain != NULL) mp_retire_chain(pool, &e->pending, s, chain);
+}

@@ -1,0 +1,54 @@
+/* park.h - the stream entry's park (park.c), layer 4: the async paths
+ * (alloc_async.c) and the stream slots (stream_cache.c) call it. */
+#ifndef MAGPOOL_PARK_H
+#define MAGPOOL_PARK_H
+
+#include "internal.h"
+
+/* ------------------------------------------------------------------ park.c */
+/* The stream entry's park (mp_park, types.h): blocks freed on the entry's
+ * stream that allocations on it from any thread reuse at once.  Every
+ * function takes the park's lock (rank 0, innermost) for a few loads and
+ * stores; the caller holds a use of e (a slot, or the entry lock inside a
+ * read-side section).  The lock orders the parker's writes (to the
+ * magazines, and the program's to the block on the host) before the
+ * taker's: ACQUIRE CAS, RELEASE store. */
+
+/* A parked block of `order` for a request of `size`, or NULL (none now;
+ * the mask is read first, relaxed, so a miss costs no lock).  On a
+ * chunked pool only a block whose cost (mp_block_cost) covers the
+ * request's whole chunks serves: a parked run keeps the chunks it was
+ * backed with.  Any thread allocating on e's stream. */
+void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size);
+/* Parks p (freed on s, e's stream).  If the park would pass its budget
+ * (mp_park_budget), its least recently used orders go behind s first, and
+ * now and then the orders idle for long (park.c): in one batch (one
+ * stream callback); p stays parked.  false if it could not park p
+ * (parking off, the entry released, no magazine): the caller retires p.
+ * Any thread freeing on s. */
+bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order);
+/* Parks a chain of full magazines of stream-cached orders (a slot's
+ * overflow, freed on s), retiring the park's stream-cached blocks first
+ * if they would pass their budget.  false: nothing parked, the caller
+ * retires the chain. */
+bool mp_park_put_chain(magpool_t *pool, mp_sentry *e, magpool_stream_t s, mp_mag *chain);
+/* Detaches everything parked in e and returns it prepended to `chain`;
+ * with `close`, later parks fail (the entry is being released).  The
+ * caller retires the result behind e's stream.  Any thread holding e's
+ * entry lock (so e's stream is valid), or its destroy. */
+mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chain);
+/* Would a block of `order` for `size` make a chunked pool map chunks it
+ * has never had busy at once: more chunks than mapped, counting the busy
+ * ones?  (A hint: relaxed reads.)  false on other pools and for blocks
+ * under a chunk. */
+bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size);
+/* Before new memory for an allocation on s (e's stream): e's park goes
+ * behind s (to the trees at once if s has passed it: mp_retire_chain),
+ * so that what the allocation cannot use of it is not held for s alone
+ * while the pool grows.  Never waits.  Nothing if s is capturing.  The
+ * caller holds a use of e. */
+void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s);
+/* The most bytes a park keeps of blocks of `order` (see park.c). */
+int64_t mp_park_budget(const magpool_t *pool, unsigned order);
+
+#endif /* MAGPOOL_PARK_H */

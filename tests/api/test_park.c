@@ -1,0 +1,291 @@
+/* test_park.c - stream-ordered reuse of large blocks across threads.
+ *
+ * magpool.h, magpool_alloc_async: "Blocks freed on s are reused by
+ * allocations on s at once: ... any block, of any size, by every thread's
+ * allocations on s; any other allocation (another stream, the synchronous
+ * API) gets them only once s has passed the free."  And
+ * stream_cache_bytes: "0 retires every async free at once".
+ *
+ * The stream is held by a gate throughout, so no retire callback can run:
+ * pending_bytes counts every block retired behind it, and stays 0 while
+ * the blocks go from thread to thread without a retire.
+ */
+#define _GNU_SOURCE
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "stream_util.h"
+
+#define BIG (4 * MiB)
+
+typedef struct ctx {
+  magpool_t *pool;
+  magpool_stream_t s;
+  void *x;
+  _Atomic long turn;
+  _Atomic int bad; /* a thread got another block than x, or a call failed */
+} ctx;
+
+typedef struct arg {
+  ctx *c;
+  int id;
+} arg;
+
+/* Thread `id` of two, in turns: allocate 4 MiB on s (must be x, freed by
+ * the other thread on s just before), free it on s. */
+enum { ROUNDS = 500 };
+static void *pingpong(void *p) {
+  arg *a = p;
+  ctx *c = a->c;
+  for (long k = 0; k < ROUNDS; k++) {
+    long mine = 2 * k + a->id;
+    while (atomic_load(&c->turn) != mine) sched_yield();
+    void *q = magpool_alloc_async(c->pool, BIG, c->s);
+    if (q != c->x) atomic_store(&c->bad, 1);
+    if (q != NULL && magpool_free_async(c->pool, q, c->s) != 0) atomic_store(&c->bad, 1);
+    atomic_store(&c->turn, mine + 1);
+  }
+  return NULL;
+}
+
+static void *alloc_on(void *p) {
+  ctx *c = p;
+  c->x = magpool_alloc_async(c->pool, BIG, c->s);
+  return NULL;
+}
+
+static void *free_on(void *p) {
+  ctx *c = p;
+  if (magpool_free_async(c->pool, c->x, c->s) != 0) atomic_store(&c->bad, 1);
+  return NULL;
+}
+
+static void run(void *(*fn)(void *), void *p) {
+  pthread_t t;
+  cr_assert_eq(pthread_create(&t, NULL, fn, p), 0);
+  pthread_join(t, NULL);
+}
+
+Test(park, another_thread_reuses_a_large_block_at_once, .timeout = 120) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t S = stream_new(), T = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(S, gate_task, &g);
+  gate_wait_entered(&g);
+
+  ctx c = {.pool = pool, .s = S};
+  run(alloc_on, &c); /* thread 1 allocates x on S ... */
+  cr_assert_not_null(c.x);
+  run(free_on, &c); /* ... and frees it on S, which is blocked */
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0, "the 4 MiB free was retired at once (pending %zu)",
+               st.pending_bytes);
+  cr_assert_geq(st.cached_bytes, BIG);
+
+  /* Another stream and the synchronous API do not get x: S has not
+   * passed the free. */
+  void *t1 = magpool_alloc_async(pool, BIG, T);
+  void *t2 = magpool_alloc(pool, BIG);
+  cr_assert(t1 != NULL && t2 != NULL);
+  cr_assert_neq(t1, c.x, "stream T got a block freed on blocked S");
+  cr_assert_neq(t2, c.x, "magpool_alloc got a block freed on blocked S");
+
+  /* Thread 2 (and this one) on S get x at once, without a retire. */
+  void *y = NULL;
+  ctx c2 = {.pool = pool, .s = S};
+  run(alloc_on, &c2);
+  y = c2.x;
+  cr_assert_eq(y, c.x, "another thread's allocation on S got %p, not %p freed on S", y, c.x);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+
+  /* 1000 more frees of x on S by two threads in turns: every one is
+   * reused at once by the other thread, and nothing is retired. */
+  atomic_store(&c.turn, 0);
+  arg a0 = {&c, 0}, a1 = {&c, 1};
+  pthread_t w0, w1;
+  cr_assert_eq(pthread_create(&w0, NULL, pingpong, &a0), 0);
+  cr_assert_eq(pthread_create(&w1, NULL, pingpong, &a1), 0);
+  pthread_join(w0, NULL);
+  pthread_join(w1, NULL);
+  cr_assert_eq(atomic_load(&c.bad), 0, "a thread on S did not get back the block freed on S");
+  st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0, "1000 frees on S, each reused at once: pending %zu",
+               st.pending_bytes);
+
+  /* Trim retires the park behind S: x is pending, still out of reach. */
+  cr_assert_eq(magpool_trim(pool), 0);
+  st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, BIG);
+  void *t3 = magpool_alloc_async(pool, BIG, T);
+  cr_assert_not_null(t3);
+  cr_assert_neq(t3, c.x, "stream T got the block trim retired behind blocked S");
+
+  cr_assert_eq(magpool_free_async(pool, t1, T), 0);
+  cr_assert_eq(magpool_free_async(pool, t3, T), 0);
+  cr_assert_eq(magpool_free(pool, t2), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
+/* stream_cache_bytes = 0: "0 retires every async free at once" - also a
+ * large one, which is then not reused on its stream before it passed. */
+Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .stream_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(S, gate_task, &g);
+  gate_wait_entered(&g);
+  void *x = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, BIG);
+  cr_assert_eq(st.cached_bytes, 0);
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(y);
+  cr_assert_neq(y, x);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  finish(pool, PS, &S, 1);
+}
+
+/* A chunked pool backs a large block only in the whole chunks its request
+ * needs, and every byte count counts those chunks (magpool.h,
+ * magpool_usable_size).  A run parked on S serves a later request on S
+ * of its order only if its chunks cover it: a 5 MiB block (3 chunks of
+ * 2 MiB, in an 8 MiB order) is reused for 5 MiB but not for 7 MiB; while
+ * it is parked, the pool's counts add up and magpool_check passes. */
+Test(park, a_parked_run_serves_only_requests_it_covers, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(S, gate_task, &g);
+  gate_wait_entered(&g);
+  void *x = magpool_alloc_async(pool, 5 * MiB, S);
+  cr_assert_not_null(x);
+  size_t cost = magpool_usable_size(pool, x);
+  cr_assert_eq(cost, 6 * MiB, "a 5 MiB run costs 3 chunks, got %zu", cost);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.cached_bytes, cost, "parked: its cost %zu, counted %zu", cost,
+               st.cached_bytes);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check with a run parked");
+
+  void *y = magpool_alloc_async(pool, 7 * MiB, S);
+  cr_assert_not_null(y);
+  cr_assert_neq(y, x, "a 7 MiB request got the parked run backed for 6 MiB");
+  cr_assert_geq(magpool_usable_size(pool, y), 7 * MiB);
+  void *z = magpool_alloc_async(pool, 5 * MiB, S);
+  cr_assert_eq(z, x, "a 5 MiB request on S did not reuse the parked 5 MiB run");
+  st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, 0);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free_async(pool, z, S), 0);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check with runs parked");
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  finish(pool, PS, &S, 1);
+}
+
+/* A new peak: an allocation on S that would raise the pool's high-water
+ * mark of busy chunks above pool_size.  T's park goes behind T first;
+ * T has finished all its work (nothing was ever queued on it), so T has
+ * passed the free and the 8 MiB run goes to the trees at once, where S's
+ * request finds its chunks: the pool does not grow, nothing is pending. */
+Test(park, a_new_peak_takes_back_what_a_passed_stream_parked, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
+  magpool_stream_t S = stream_new(), T = stream_new();
+  void *fill = magpool_alloc(pool, PS - 8 * MiB);
+  void *x = magpool_alloc_async(pool, 8 * MiB, T);
+  cr_assert(fill != NULL && x != NULL);
+  cr_assert_eq(magpool_free_async(pool, x, T), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, 8 * MiB, "the 8 MiB run was not parked on T");
+  cr_assert_eq(st.pending_bytes, 0);
+  size_t res = st.reserved_bytes;
+  void *y = magpool_alloc_async(pool, 8 * MiB, S);
+  cr_assert_not_null(y);
+  st = mpt_stats(pool);
+  cr_assert_eq(st.reserved_bytes, res, "the pool grew from %zu to %zu with 8 MiB parked on idle T",
+               res, st.reserved_bytes);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.cached_bytes, 0, "T's park still holds %zu", st.cached_bytes);
+  cr_assert_eq(st.used_bytes, PS, "used %zu: not the filler and y alone", st.used_bytes);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free(pool, fill), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
+/* The same with T blocked: the run T parked goes behind T, where S cannot
+ * have it (T has not passed the free): S's request gets new memory, and
+ * the run is pending until T passes. */
+Test(park, a_new_peak_never_takes_what_a_blocked_stream_parked, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
+  magpool_stream_t S = stream_new(), T = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(T, gate_task, &g);
+  gate_wait_entered(&g);
+  void *fill = magpool_alloc(pool, PS - 8 * MiB);
+  void *x = magpool_alloc_async(pool, 8 * MiB, T);
+  cr_assert(fill != NULL && x != NULL);
+  cr_assert_eq(magpool_free_async(pool, x, T), 0);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 8 * MiB, "the 8 MiB run was not parked on T");
+  void *y = magpool_alloc_async(pool, 8 * MiB, S);
+  cr_assert_not_null(y);
+  cr_assert_neq(y, x, "S got the run freed on T before T passed the free");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 8 * MiB, "T's park was not retired behind T (pending %zu)",
+               st.pending_bytes);
+  cr_assert_eq(st.cached_bytes, 0);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free(pool, fill), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(T), 0);
+  gate_done(&g);
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
+/* Parking off: a free on a stream that has finished all its work (none
+ * was ever queued) is already passed, so the block goes to the tree at
+ * once, and a synchronous allocation may have it. */
+Test(park, a_free_on_a_passed_stream_is_not_pending, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .stream_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  void *x = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0, "a free on a passed stream is pending (%zu)", st.pending_bytes);
+  cr_assert_eq(st.used_bytes, 0);
+  cr_assert_eq(st.free_bytes, PS);
+  finish(pool, PS, &S, 1);
+}

@@ -1,0 +1,320 @@
+/* test_park.c - the stream entry's park (src/park.c): blocks freed on a
+ * stream that every thread's allocations on it reuse at once, retired
+ * behind the stream in batches.
+ *
+ * The places where two threads meet on a park are opened on purpose with
+ * the test hooks (src/base.h, MP_HOOK_PARK_*): one thread is stopped
+ * holding the park's lock, the other is let run into it, and the outcome
+ * is checked.  The streams are host streams held by a gate, so a block
+ * retired behind one cannot come back while the test looks.
+ *
+ *   park::put_meets_take          a free parks a 4 MiB block on S and stops
+ *        holding the lock; another thread's allocation on S waits for the
+ *        lock, then gets that block: no retire, no callback
+ *   park::take_holds_off_flush    an allocation holds the lock; the
+ *        ladder's cache flush waits, and finds nothing left to retire
+ *   park::flush_holds_off_take    the flush holds the lock; the waiting
+ *        allocation finds nothing and gets another block: the parked one
+ *        is pending behind blocked S
+ *   park::release_retires_the_park   magpool_stream_release retires what
+ *        another thread parked, behind S, and closes the park
+ *   park::thousand_large_frees_few_batches,
+ *   park::thousand_random_large_frees_fewer_batches   1000 frees of large
+ *        blocks on one stream cost far fewer than 1000 retire batches
+ *
+ * Internal headers: links the static archive.
+ */
+#define _GNU_SOURCE
+#include "park.h"
+#include "thread.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "stream_util.h"
+#include "test_util.h"
+
+typedef struct flag {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int set;
+} flag;
+#define FLAG_INIT {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}
+
+static void flag_set(flag *f) {
+  pthread_mutex_lock(&f->mu);
+  f->set = 1;
+  pthread_cond_broadcast(&f->cv);
+  pthread_mutex_unlock(&f->mu);
+}
+
+static void flag_wait(flag *f) {
+  pthread_mutex_lock(&f->mu);
+  while (!f->set) pthread_cond_wait(&f->cv, &f->mu);
+  pthread_mutex_unlock(&f->mu);
+}
+
+#define BIG (4 * MiB)
+
+/* The hook: the thread marked `stopper` stops at point `stop_at` (once);
+ * the thread marked `waiter` reports MP_HOOK_PARK_WAIT (once). */
+static _Atomic int stop_at;
+static _Thread_local int stopper, waiter;
+static flag stopped = FLAG_INIT, go = FLAG_INIT, waiting = FLAG_INIT;
+
+static void park_hook(int point, void *arg) {
+  (void)arg;
+  if (stopper && point == atomic_load(&stop_at)) {
+    stopper = 0;
+    flag_set(&stopped);
+    flag_wait(&go);
+  } else if (waiter && point == MP_HOOK_PARK_WAIT) {
+    waiter = 0;
+    flag_set(&waiting);
+  }
+}
+
+static uint64_t batches(magpool_t *pool) { return atomic_load(&pool->retire.batches); }
+
+/* A pool, a host stream held by a gate, and a 4 MiB block allocated on
+ * it (not yet freed). */
+typedef struct setup {
+  magpool_t *pool;
+  magpool_stream_t s;
+  gate g;
+  void *x;
+} setup;
+
+static void setup_begin(setup *t) {
+  t->pool = mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB});
+  t->s = stream_new();
+  gate_init(&t->g);
+  launch(t->s, gate_task, &t->g);
+  gate_wait_entered(&t->g);
+  t->x = magpool_alloc_async(t->pool, BIG, t->s);
+  cr_assert_not_null(t->x);
+}
+
+static void setup_end(setup *t) {
+  gate_open(&t->g);
+  cr_assert_eq(magpool_host_stream_sync(t->s), 0);
+  gate_done(&t->g);
+  finish(t->pool, 64 * MiB, &t->s, 1);
+}
+
+typedef struct job {
+  setup *t;
+  int op; /* 0 free x, 1 allocate BIG, 2 flush the caches (ladder rung 1) */
+  int stop, wait;
+  flag ready, start;
+  void *got;
+} job;
+
+/* Runs one operation.  First, for the async calls, the thread makes its
+ * slot in S's entry (a slot is made under the entry lock, which a flush
+ * holds while it stops), with a block it frees synchronously (so nothing
+ * of it stays cached or pending). */
+#define FLAGS .ready = FLAG_INIT, .start = FLAG_INIT
+
+static void *run_job(void *arg) {
+  job *j = arg;
+  if (j->op != 2) {
+    void *w = magpool_alloc_async(j->t->pool, 64, j->t->s);
+    cr_assert_not_null(w);
+    cr_assert_eq(magpool_free(j->t->pool, w), 0);
+  }
+  flag_set(&j->ready);
+  flag_wait(&j->start);
+  stopper = j->stop;
+  waiter = j->wait;
+  if (j->op == 0) cr_assert_eq(magpool_free_async(j->t->pool, j->t->x, j->t->s), 0);
+  else if (j->op == 1) j->got = magpool_alloc_async(j->t->pool, BIG, j->t->s);
+  else mp_streams_flush_caches(j->t->pool);
+  return NULL;
+}
+
+/* Thread `first` runs until it stops at `point` holding the park's lock;
+ * then `second` runs until it waits for the lock; then both finish. */
+static void meet(job *first, int point, job *second) {
+  atomic_store(&stop_at, point);
+  first->stop = 1;
+  second->wait = 1;
+  mp_hook_set(park_hook);
+  pthread_t a, b;
+  cr_assert_eq(pthread_create(&a, NULL, run_job, first), 0);
+  cr_assert_eq(pthread_create(&b, NULL, run_job, second), 0);
+  flag_wait(&first->ready);
+  flag_wait(&second->ready);
+  flag_set(&first->start);
+  flag_wait(&stopped);
+  flag_set(&second->start);
+  flag_wait(&waiting);
+  flag_set(&go);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  mp_hook_set(NULL);
+}
+
+Test(park, put_meets_take, .timeout = 60) {
+  setup t;
+  setup_begin(&t);
+  uint64_t b0 = batches(t.pool);
+  job fr = {.t = &t, .op = 0, FLAGS}, al = {.t = &t, .op = 1, FLAGS};
+  meet(&fr, MP_HOOK_PARK_PUT, &al);
+  cr_assert_eq(al.got, t.x, "the allocation on S got %p, not the block %p another thread "
+               "parked on S", al.got, t.x);
+  cr_assert_eq(batches(t.pool), b0, "a retire batch ran between the free and the reuse");
+  cr_assert_eq(mpt_stats(t.pool).pending_bytes, 0);
+  cr_assert_eq(magpool_free_async(t.pool, al.got, t.s), 0);
+  setup_end(&t);
+}
+
+Test(park, take_holds_off_flush, .timeout = 60) {
+  setup t;
+  setup_begin(&t);
+  cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
+  cr_assert_geq(mpt_stats(t.pool).cached_bytes, BIG, "the 4 MiB block was not parked");
+  uint64_t b0 = batches(t.pool);
+  job al = {.t = &t, .op = 1, FLAGS}, fl = {.t = &t, .op = 2, FLAGS};
+  meet(&al, MP_HOOK_PARK_TAKE, &fl);
+  cr_assert_eq(al.got, t.x, "the allocation that held the park's lock lost its block");
+  cr_assert_eq(batches(t.pool), b0, "the flush retired something it should not have seen");
+  magpool_stats_t st = mpt_stats(t.pool);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.cached_bytes, 0, "cached %zu after the block was taken", st.cached_bytes);
+  cr_assert_eq(magpool_free_async(t.pool, al.got, t.s), 0);
+  setup_end(&t);
+}
+
+Test(park, flush_holds_off_take, .timeout = 60) {
+  setup t;
+  setup_begin(&t);
+  cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
+  uint64_t b0 = batches(t.pool);
+  job fl = {.t = &t, .op = 2, FLAGS}, al = {.t = &t, .op = 1, FLAGS};
+  meet(&fl, MP_HOOK_PARK_FLUSH, &al);
+  cr_assert_not_null(al.got);
+  cr_assert_neq(al.got, t.x, "a block the flush retired behind blocked S was handed out");
+  cr_assert_eq(batches(t.pool), b0 + 1, "the flush retired %llu batches, expected one",
+               (unsigned long long)(batches(t.pool) - b0));
+  cr_assert_eq(mpt_stats(t.pool).pending_bytes, BIG);
+  cr_assert_eq(magpool_free_async(t.pool, al.got, t.s), 0);
+  setup_end(&t);
+}
+
+/* ------------------------------------------------------------- release */
+
+typedef struct rel_arg {
+  setup *t;
+} rel_arg;
+
+static void *parker(void *arg) {
+  setup *t = arg;
+  cr_assert_eq(magpool_free_async(t->pool, t->x, t->s), 0);
+  return NULL;
+}
+
+Test(park, release_retires_the_park, .timeout = 60) {
+  setup t;
+  setup_begin(&t);
+  pthread_t a;
+  cr_assert_eq(pthread_create(&a, NULL, parker, &t), 0); /* another thread parks x */
+  pthread_join(a, NULL);
+  uint64_t sid;
+  cr_assert_eq(t.pool->sops->get_id(t.pool->src_ctx, t.s, &sid), 0);
+  mp_streams_read_lock();
+  mp_sentry *e = mp_entry_find_rcu(t.pool, sid + 1, t.s, false);
+  cr_assert_not_null(e);
+  cr_assert_eq(atomic_load(&e->park.bytes), (int64_t)BIG);
+  cr_assert(mp_entry_use_rcu(e)); /* keep the dead entry for the look below */
+  mp_streams_read_unlock();
+
+  uint64_t b0 = batches(t.pool);
+  cr_assert_eq(magpool_stream_release(t.pool, t.s), 0);
+  cr_assert_eq(batches(t.pool), b0 + 1);
+  magpool_stats_t st = mpt_stats(t.pool);
+  cr_assert_eq(st.pending_bytes, BIG, "release did not retire the parked block behind S");
+  cr_assert_eq(st.cached_bytes, 0);
+  /* The dead entry's park is closed: nothing parks there any more. */
+  cr_assert_eq(atomic_load(&e->park.bytes), 0);
+  cr_assert_not(mp_park_put(t.pool, e, t.s, t.x, 16), "a released entry's park took a block");
+  mp_entry_unuse(e);
+  /* S, used again, is a new entry: blocked, it gives nothing back. */
+  void *y = magpool_alloc_async(t.pool, BIG, t.s);
+  cr_assert_not_null(y);
+  cr_assert_neq(y, t.x, "the block retired behind blocked S came back before S passed");
+  void *z = magpool_alloc(t.pool, BIG);
+  cr_assert_neq(z, t.x);
+  cr_assert_eq(magpool_free(t.pool, z), 0);
+  cr_assert_eq(magpool_free_async(t.pool, y, t.s), 0);
+  setup_end(&t);
+}
+
+/* --------------------------------------------------------------- batches */
+
+/* 1000 large async frees on one stream, two patterns; the old design
+ * retired every one of them alone (1000 batches, 1000 stream callbacks). */
+
+/* Steps, as a training loop makes them: each allocates blocks of four
+ * sizes on the stream and frees them in random order.  After the first
+ * step every allocation finds its block parked. */
+Test(park, thousand_large_frees_few_batches, .timeout = 120) {
+  const size_t PS = 256 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t s = stream_new();
+  mpt_rng r = mpt_rng_seed(7);
+  static const size_t sizes[] = {2 * MiB, 3 * MiB, 6 * MiB, 12 * MiB};
+  enum { N = 1000, K = 4 };
+  void *first[K];
+  uint64_t b0 = batches(pool);
+  size_t same = 0;
+  for (int step = 0; step < N / K; step++) {
+    void *p[K];
+    for (int i = 0; i < K; i++) {
+      p[i] = magpool_alloc_async(pool, sizes[i], s);
+      cr_assert_not_null(p[i]);
+      if (step == 0) first[i] = p[i];
+      same += p[i] == first[i];
+    }
+    mpt_shuffle(&r, p, K, sizeof *p);
+    for (int i = 0; i < K; i++) cr_assert_eq(magpool_free_async(pool, p[i], s), 0);
+  }
+  uint64_t nb = batches(pool) - b0;
+  cr_log_info("steps: %d large frees, %llu batches", N, (unsigned long long)nb);
+  cr_assert_leq(nb, N / 100, "%d large async frees on one stream retired %llu batches", N,
+                (unsigned long long)nb);
+  cr_assert_eq(same, (size_t)N, "an allocation did not get its block back from the park");
+  finish(pool, PS, &s, 1);
+}
+
+/* Random: a live window of 6 blocks of four sizes, one freed and one of a
+ * random size allocated per round.  The park cannot hold every block a
+ * random walk leaves behind within its budget, so it retires now and
+ * then: a weaker bound, still far below one batch per free. */
+Test(park, thousand_random_large_frees_fewer_batches, .timeout = 120) {
+  const size_t PS = 256 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t s = stream_new();
+  mpt_rng r = mpt_rng_seed(7);
+  static const size_t sizes[] = {2 * MiB, 3 * MiB, 6 * MiB, 12 * MiB};
+  enum { W = 6, N = 1000 };
+  void *live[W];
+  for (int i = 0; i < W; i++) {
+    live[i] = magpool_alloc_async(pool, sizes[mpt_range(&r, 0, 3)], s);
+    cr_assert_not_null(live[i]);
+  }
+  uint64_t b0 = batches(pool);
+  for (int k = 0; k < N; k++) {
+    int i = (int)mpt_range(&r, 0, W - 1);
+    cr_assert_eq(magpool_free_async(pool, live[i], s), 0);
+    live[i] = magpool_alloc_async(pool, sizes[mpt_range(&r, 0, 3)], s);
+    cr_assert_not_null(live[i], "allocation %d", k);
+  }
+  uint64_t nb = batches(pool) - b0;
+  cr_log_info("random: %d large frees, %llu batches", N, (unsigned long long)nb);
+  cr_assert_leq(nb, N / 4, "%d large async frees on one stream retired %llu batches", N,
+                (unsigned long long)nb);
+  for (int i = 0; i < W; i++) cr_assert_eq(magpool_free_async(pool, live[i], s), 0);
+  finish(pool, PS, &s, 1);
+}
