@@ -142,6 +142,10 @@ static inline size_t mp_block_cost(const magpool_t *pool, const void *p, unsigne
   return (size_t)mp_load_relaxed(&c->ext[first]) << c->shift;
 }
 
+/* A thread-cache refill of a chunked pool carves at most chunk >> this
+ * bytes (magazine.c, mp_cache_alloc_slow). */
+#define MP_CARVE_CHUNK_SHIFT 4
+
 /* Is `order` served as a run of chunks (runs.c) when taken for one
  * request (mp_region_take_need), rather than as a buddy block?  Blocks
  * of a chunk or more that no cache holds. */

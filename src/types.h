@@ -128,7 +128,8 @@ typedef struct mp_region {
  *   atomic RMW on every take from and give to the tree, by any thread.
  * state[c]: MP_CHUNK_UNMAPPED, MAPPED or UNMAPPING; written only under
  *   `lock`, read by anyone.
- * mapped[]: a bitmap of MAPPED chunks, under `lock` only.
+ * mapped[]: a bitmap of MAPPED chunks, written under `lock` only
+ *   (runs.c reads it, relaxed, as a hint for placement).
  *
  * Invariants (mp_chunks_check, quiescent):
  *   C1  busy[c] > 0  =>  state[c] == MAPPED
@@ -173,13 +174,16 @@ typedef struct mp_chunks {
   _Atomic uint32_t *busy;
   _Atomic uint32_t *ext;
   _Atomic uint8_t *state;
-  uint64_t *mapped;
+  _Atomic uint64_t *mapped; /* written under lock; runs.c reads it    */
   _Atomic uint64_t nmapped; /* written under lock                       */
   _Atomic uint64_t nbusy;
   _Atomic uint64_t hwm;     /* high-water mark of nbusy                 */
   _Atomic uint64_t ext_out; /* bytes of extents out of the tree         */
   _Atomic uint64_t maps, unmaps, moves;
-  uint64_t cursor;          /* under lock: where the victim scan starts */
+  uint64_t tree_top;        /* under lock: above every mapped chunk of
+                               the lower half                           */
+  _Atomic uint64_t run_top; /* above every mapped chunk of the run
+                               space (written under lock)               */
   uint64_t run0;            /* first chunk of the run space (upper half) */
   mp_runs runs;
   void *lock;               /* pthread_mutex_t *                        */
