@@ -211,7 +211,6 @@ static void busy_sub(magpool_t *pool, const extent *e) {
   for (uint64_t i = e->first; i < e->first + e->n; i++)
     if (mp_fetch_sub_seq_cst(&c->busy[i], (uint32_t)e->units) == e->units)
       mp_fetch_sub_relaxed(&c->nbusy, 1);
-  mp_fetch_sub_relaxed(&c->ext_out, (e->n * e->units) << pool->min_shift);
 }
 
 /* Above release_threshold, unmaps empty chunks (not below keep).  Skips
@@ -235,7 +234,6 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, boo
   uint64_t fresh = 0;
   for (uint64_t i = e.first; i < e.first + e.n; i++)
     fresh += mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0;
-  mp_fetch_add_relaxed(&c->ext_out, (e.n * e.units) << pool->min_shift);
   if (fresh != 0) {
     uint64_t nb = mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
     /* A new high-water mark raises the budget for good: not while stream
@@ -279,6 +277,16 @@ void mp_chunks_release(magpool_t *pool, char *p, unsigned order) {
     need = (size_t)mp_load_relaxed(&c->ext[first]) << c->shift;
   }
   extent e = extent_of(pool, p, order, need);
+  busy_sub(pool, &e);
+  if (MP_UNLIKELY(c->release != UINT64_MAX) &&
+      mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release)
+    release_excess(pool);
+}
+
+void mp_chunks_release_n(magpool_t *pool, char *p, unsigned order, uint32_t k) {
+  mp_chunks *c = pool->chunks;
+  extent e = extent_of(pool, p, order, 0);
+  e.units *= k;
   busy_sub(pool, &e);
   if (MP_UNLIKELY(c->release != UINT64_MAX) &&
       mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release)
@@ -417,7 +425,7 @@ void mp_chunks_fini(magpool_t *pool) {
 
 int mp_chunks_check(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
-  uint64_t mapped = 0, busy = 0, units = 0, bits = 0;
+  uint64_t mapped = 0, busy = 0, bits = 0;
   for (uint64_t i = 0; i < c->n; i++) {
     uint8_t st = mp_load_relaxed(&c->state[i]);
     uint32_t b = mp_load_relaxed(&c->busy[i]);
@@ -428,15 +436,20 @@ int mp_chunks_check(magpool_t *pool) {
     mapped += st == MP_CHUNK_MAPPED;
     bits += bit;
     busy += b != 0;
-    units += b;
   }
   if (mapped != mp_load_relaxed(&c->nmapped) || mapped != bits || mapped > c->cap)
     return MAGPOOL_EINVAL;                                                /* C2 */
   if (busy != mp_load_relaxed(&c->nbusy) || busy > mp_load_relaxed(&c->hwm))
     return MAGPOOL_EINVAL;                                                /* C3 */
-  if ((units << pool->min_shift) != mp_load_relaxed(&c->ext_out)) return MAGPOOL_EINVAL; /* C4 */
   if (mp_load_relaxed(&pool->reserved) != mapped * c->chunk) return MAGPOOL_EINVAL;   /* C5 */
   return 0;
+}
+
+uint64_t mp_chunks_out_bytes(const magpool_t *pool) {
+  const mp_chunks *c = pool->chunks;
+  uint64_t units = 0;
+  for (uint64_t i = 0; i < c->n; i++) units += mp_load_relaxed(&c->busy[i]);
+  return units << pool->min_shift;
 }
 
 bool mp_chunks_busy(const magpool_t *pool, uint64_t chunk) {

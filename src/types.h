@@ -135,7 +135,9 @@ typedef struct mp_region {
  *   C1  busy[c] > 0  =>  state[c] == MAPPED
  *   C2  nmapped == |{c : state[c] == MAPPED}| == popcount(mapped) <= cap
  *   C3  nbusy == |{c : busy[c] > 0}| <= hwm
- *   C4  Σ busy[c] units == ext_out / min_block
+ *   C4  Σ busy[c] units × min_block == bytes out of the tree (the sum
+ *       of the accounts' held; stats.c checks it: no shared counter on
+ *       the take and give paths)
  *   C5  pool->reserved == nmapped * chunk
  * The one race that matters, a take that finds a chunk MAPPED against an
  * unmap that finds it empty, is a store-buffer pattern made safe by
@@ -178,7 +180,6 @@ typedef struct mp_chunks {
   _Atomic uint64_t nmapped; /* written under lock                       */
   _Atomic uint64_t nbusy;
   _Atomic uint64_t hwm;     /* high-water mark of nbusy                 */
-  _Atomic uint64_t ext_out; /* bytes of extents out of the tree         */
   _Atomic uint64_t maps, unmaps, moves;
   uint64_t tree_top;        /* under lock: above every mapped chunk of
                                the lower half                           */
