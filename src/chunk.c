@@ -68,8 +68,14 @@ static void reserved_add(magpool_t *pool, int64_t chunks) {
   if (d > 0) mp_max_relaxed_size(&pool->peak_reserved, now);
 }
 
-static inline void bit_set(uint64_t *b, uint64_t i) { b[i / 64] |= (uint64_t)1 << (i % 64); }
-static inline void bit_clear(uint64_t *b, uint64_t i) { b[i / 64] &= ~((uint64_t)1 << (i % 64)); }
+static inline void bit_set(mp_chunks *c, uint64_t i) {
+  _Atomic uint64_t *w = &c->mapped[i / 64];
+  mp_store_relaxed(w, mp_load_relaxed(w) | (uint64_t)1 << (i % 64));
+}
+static inline void bit_clear(mp_chunks *c, uint64_t i) {
+  _Atomic uint64_t *w = &c->mapped[i / 64];
+  mp_store_relaxed(w, mp_load_relaxed(w) & ~((uint64_t)1 << (i % 64)));
+}
 
 /* Maps chunks [first, first + n), all unmapped.  Lock held. */
 static int map_run(magpool_t *pool, uint64_t first, uint64_t n) {
@@ -77,8 +83,14 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n) {
   int rc = pool->src->map(pool->src_ctx, c->base + (first << c->shift), n << c->shift);
   if (rc != 0) return rc;
   for (uint64_t i = first; i < first + n; i++) {
-    bit_set(c->mapped, i);
+    bit_set(c, i);
     mp_store_seq_cst(&c->state[i], MP_CHUNK_MAPPED);
+  }
+  uint64_t end = first + n;
+  if (end > c->run0) {
+    if (end > mp_load_relaxed(&c->run_top)) mp_store_relaxed(&c->run_top, end);
+  } else if (end > c->tree_top) {
+    c->tree_top = end;
   }
   mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) + n);
   mp_fetch_add_relaxed(&c->maps, n);
@@ -99,40 +111,46 @@ static bool unmap_if_empty(magpool_t *pool, uint64_t i, int keep) {
     return false;
   }
   mp_store_seq_cst(&c->state[i], MP_CHUNK_UNMAPPED);
-  bit_clear(c->mapped, i);
+  bit_clear(c, i);
   mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - 1);
   mp_fetch_add_relaxed(&c->unmaps, 1);
   reserved_add(pool, -1);
   return true;
 }
 
-/* Unmaps one empty mapped chunk, scanning down from the cursor (highest
- * addresses first: lowest-first placement wants them last).  Lock held.
- * Returns false if none is empty. */
-static bool unmap_one(magpool_t *pool, int keep) {
+/* Unmaps empty mapped chunks in [lo, hi), highest first, until `want`
+ * are gone.  Returns how many were.  Lock held. */
+static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t want, int keep) {
   mp_chunks *c = pool->chunks;
-  uint64_t nw = (c->n + 63) / 64;
-  uint64_t start = c->cursor < nw ? c->cursor : nw - 1;
-  for (uint64_t k = 0; k < nw; k++) {
-    uint64_t wi = (start + nw - k) % nw;
-    uint64_t w = c->mapped[wi];
-    while (w != 0) {
-      unsigned b = 63 - (unsigned)__builtin_clzll(w);
+  uint64_t got = 0;
+  if (hi <= lo || want == 0) return 0;
+  for (uint64_t wi = (hi - 1) / 64 + 1; wi-- > lo / 64 && got < want;) {
+    uint64_t w = mp_load_relaxed(&c->mapped[wi]);
+    while (w != 0 && got < want) {
+      unsigned b = 63 - mp_clz64(w);
       w &= ~((uint64_t)1 << b);
-      if (unmap_if_empty(pool, wi * 64 + b, keep)) {
-        c->cursor = wi;
-        return true;
-      }
+      uint64_t i = wi * 64 + b;
+      if (i >= lo && i < hi && unmap_if_empty(pool, i, keep)) got++;
     }
   }
-  return false;
+  return got;
+}
+
+/* Unmaps up to `want` empty mapped chunks, the highest first: run space,
+ * then the lower half (lowest-first placement wants high chunks last).
+ * The highest empty chunks of a warm pool mostly lie in a row.  Returns
+ * how many were unmapped.  Lock held. */
+static uint64_t unmap_highest(magpool_t *pool, uint64_t want, int keep) {
+  mp_chunks *c = pool->chunks;
+  uint64_t got = unmap_down(pool, c->run0, mp_load_relaxed(&c->run_top), want, keep);
+  return got + unmap_down(pool, 0, c->tree_top, want - got, keep);
 }
 
 /* Empty mapped chunks, counted up to `enough`.  Lock held. */
 static uint64_t count_empty(mp_chunks *c, uint64_t enough) {
   uint64_t k = 0;
   for (uint64_t wi = 0; wi < (c->n + 63) / 64 && k < enough; wi++)
-    for (uint64_t w = c->mapped[wi]; w != 0 && k < enough; w &= w - 1)
+    for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && k < enough; w &= w - 1)
       k += mp_load_relaxed(&c->busy[wi * 64 + mp_ctz64(w)]) == 0;
   return k;
 }
@@ -160,10 +178,8 @@ static int make_room(magpool_t *pool, uint64_t n, bool grow) {
    * chunks are empty for the run to fit under the cap. */
   uint64_t nm = mp_load_relaxed(&c->nmapped);
   if (nm + n > c->cap && count_empty(c, nm + n - c->cap) < nm + n - c->cap) return MAGPOOL_ENOMEM;
-  while (mp_load_relaxed(&c->nmapped) + n > budget(c)) {
-    if (!unmap_one(pool, 1)) break;
-    mp_fetch_add_relaxed(&c->moves, 1);
-  }
+  uint64_t over = mp_load_relaxed(&c->nmapped) + n - budget(c);
+  mp_fetch_add_relaxed(&c->moves, unmap_highest(pool, over, 1));
   return mp_load_relaxed(&c->nmapped) + n <= c->cap ? 0 : MAGPOOL_ENOMEM;
 }
 
@@ -195,7 +211,6 @@ static void busy_sub(magpool_t *pool, const extent *e) {
   for (uint64_t i = e->first; i < e->first + e->n; i++)
     if (mp_fetch_sub_seq_cst(&c->busy[i], (uint32_t)e->units) == e->units)
       mp_fetch_sub_relaxed(&c->nbusy, 1);
-  mp_fetch_sub_relaxed(&c->ext_out, (e->n * e->units) << pool->min_shift);
 }
 
 /* Above release_threshold, unmaps empty chunks (not below keep).  Skips
@@ -204,9 +219,10 @@ static void release_excess(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
   pthread_mutex_t *lk = lock_of(c);
   if (pthread_mutex_trylock(lk) != 0) return;
-  while (mp_load_relaxed(&c->nmapped) > c->keep &&
-         mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release &&
-         unmap_one(pool, 0)) {
+  uint64_t nm = mp_load_relaxed(&c->nmapped), nb = mp_load_relaxed(&c->nbusy);
+  if (nm > c->keep && nm > nb && nm - nb > c->release) {
+    uint64_t want = nm - nb - c->release;
+    unmap_highest(pool, want < nm - c->keep ? want : nm - c->keep, 0);
   }
   pthread_mutex_unlock(lk);
 }
@@ -218,7 +234,6 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, boo
   uint64_t fresh = 0;
   for (uint64_t i = e.first; i < e.first + e.n; i++)
     fresh += mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0;
-  mp_fetch_add_relaxed(&c->ext_out, (e.n * e.units) << pool->min_shift);
   if (fresh != 0) {
     uint64_t nb = mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
     /* A new high-water mark raises the budget for good: not while stream
@@ -268,12 +283,22 @@ void mp_chunks_release(magpool_t *pool, char *p, unsigned order) {
     release_excess(pool);
 }
 
+void mp_chunks_release_n(magpool_t *pool, char *p, unsigned order, uint32_t k) {
+  mp_chunks *c = pool->chunks;
+  extent e = extent_of(pool, p, order, 0);
+  e.units *= k;
+  busy_sub(pool, &e);
+  if (MP_UNLIKELY(c->release != UINT64_MAX) &&
+      mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release)
+    release_excess(pool);
+}
+
 unsigned mp_chunks_empty_low(magpool_t *pool, uint64_t *out, unsigned max) {
   mp_chunks *c = pool->chunks;
   unsigned k = 0;
   pthread_mutex_lock(lock_of(c));
   for (uint64_t wi = 0; wi < c->run0 / 64 && k < max; wi++)
-    for (uint64_t w = c->mapped[wi]; w != 0 && k < max; w &= w - 1) {
+    for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && k < max; w &= w - 1) {
       uint64_t i = wi * 64 + mp_ctz64(w);
       if (mp_load_relaxed(&c->busy[i]) == 0) out[k++] = i;
     }
@@ -284,8 +309,8 @@ unsigned mp_chunks_empty_low(magpool_t *pool, uint64_t *out, unsigned max) {
 void mp_chunks_trim(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
   pthread_mutex_lock(lock_of(c));
-  while (mp_load_relaxed(&c->nmapped) > c->keep && unmap_one(pool, 0)) {
-  }
+  uint64_t nm = mp_load_relaxed(&c->nmapped);
+  if (nm > c->keep) unmap_highest(pool, nm - c->keep, 0);
   pthread_mutex_unlock(lock_of(c));
 }
 
@@ -373,7 +398,7 @@ fail_tabs:
   free(c->busy);
   free(c->ext);
   free((void *)c->state);
-  free(c->mapped);
+  free((void *)c->mapped);
   pthread_mutex_destroy(lk);
 fail:
   free(lk);
@@ -389,7 +414,7 @@ void mp_chunks_fini(magpool_t *pool) {
   free(c->busy);
   free(c->ext);
   free((void *)c->state);
-  free(c->mapped);
+  free((void *)c->mapped);
   pthread_mutex_destroy(lock_of(c));
   free(c->lock);
   free(c);
@@ -400,26 +425,31 @@ void mp_chunks_fini(magpool_t *pool) {
 
 int mp_chunks_check(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
-  uint64_t mapped = 0, busy = 0, units = 0, bits = 0;
+  uint64_t mapped = 0, busy = 0, bits = 0;
   for (uint64_t i = 0; i < c->n; i++) {
     uint8_t st = mp_load_relaxed(&c->state[i]);
     uint32_t b = mp_load_relaxed(&c->busy[i]);
-    bool bit = (c->mapped[i / 64] >> (i % 64)) & 1;
+    bool bit = (mp_load_relaxed(&c->mapped[i / 64]) >> (i % 64)) & 1;
     if (st == MP_CHUNK_UNMAPPING || bit != (st == MP_CHUNK_MAPPED)) return MAGPOOL_EINVAL;
     if (b != 0 && st != MP_CHUNK_MAPPED) return MAGPOOL_EINVAL;           /* C1 */
     if (b > units_per_chunk(pool, c)) return MAGPOOL_EINVAL;
     mapped += st == MP_CHUNK_MAPPED;
     bits += bit;
     busy += b != 0;
-    units += b;
   }
   if (mapped != mp_load_relaxed(&c->nmapped) || mapped != bits || mapped > c->cap)
     return MAGPOOL_EINVAL;                                                /* C2 */
   if (busy != mp_load_relaxed(&c->nbusy) || busy > mp_load_relaxed(&c->hwm))
     return MAGPOOL_EINVAL;                                                /* C3 */
-  if ((units << pool->min_shift) != mp_load_relaxed(&c->ext_out)) return MAGPOOL_EINVAL; /* C4 */
   if (mp_load_relaxed(&pool->reserved) != mapped * c->chunk) return MAGPOOL_EINVAL;   /* C5 */
   return 0;
+}
+
+uint64_t mp_chunks_out_bytes(const magpool_t *pool) {
+  const mp_chunks *c = pool->chunks;
+  uint64_t units = 0;
+  for (uint64_t i = 0; i < c->n; i++) units += mp_load_relaxed(&c->busy[i]);
+  return units << pool->min_shift;
 }
 
 bool mp_chunks_busy(const magpool_t *pool, uint64_t chunk) {

@@ -142,6 +142,10 @@ static inline size_t mp_block_cost(const magpool_t *pool, const void *p, unsigne
   return (size_t)mp_load_relaxed(&c->ext[first]) << c->shift;
 }
 
+/* A thread-cache refill of a chunked pool carves at most chunk >> this
+ * bytes (magazine.c, mp_cache_alloc_slow). */
+#define MP_CARVE_CHUNK_SHIFT 4
+
 /* Is `order` served as a run of chunks (runs.c) when taken for one
  * request (mp_region_take_need), rather than as a buddy block?  Blocks
  * of a chunk or more that no cache holds. */
@@ -221,6 +225,9 @@ void mp_chunks_fini(magpool_t *pool);
 int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, bool grow);
 /* Uncounts the extent of block (p, order), before it goes to the tree. */
 void mp_chunks_release(magpool_t *pool, char *p, unsigned order);
+/* The same for k blocks of one order below a chunk, all in p's chunk:
+ * one count-down for all of them. */
+void mp_chunks_release_n(magpool_t *pool, char *p, unsigned order, uint32_t k);
 /* Up to max empty mapped chunks of the tree's half, lowest first (a
  * snapshot: they may fill at once).  Takes the map lock. */
 unsigned mp_chunks_empty_low(magpool_t *pool, uint64_t *out, unsigned max);
@@ -228,6 +235,9 @@ unsigned mp_chunks_empty_low(magpool_t *pool, uint64_t *out, unsigned max);
 void mp_chunks_trim(magpool_t *pool);
 /* C1-C5 on a quiescent pool: 0 or MAGPOOL_EINVAL. */
 int mp_chunks_check(magpool_t *pool);
+/* Bytes of extents out of the tree: the busy units of every chunk, times
+ * min_block (C4 holds it against the accounts).  Quiescent pool. */
+uint64_t mp_chunks_out_bytes(const magpool_t *pool);
 bool mp_chunks_busy(const magpool_t *pool, uint64_t chunk);
 
 /* runs.c - runs of chunks for large blocks (types.h, mp_runs), layer 2.

@@ -131,6 +131,12 @@ void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
   size_t room = cached < tc->limit ? tc->limit - cached : 0;
   uint32_t n = pool->mag_cap[order];
   while (n > 1 && (size_t)(n - 1) * bs > room) n /= 2;
+  /* On a chunked pool, a carve of at most 1/2^MP_CARVE_CHUNK_SHIFT of a
+   * chunk: the blocks it leaves cached keep their chunk busy, and whole
+   * chunks held for a few live blocks each took the budget's slack from
+   * the runs (tools/sim/README.md, "the C pool against the model"). */
+  if (pool->chunks != NULL)
+    while (n > 1 && (size_t)n * bs > pool->chunks->chunk >> MP_CARVE_CHUNK_SHIFT) n /= 2;
   if (c->loaded == NULL && n > 1) {
     c->loaded = mp_mag_new(pool, order);
     if (c->loaded == NULL) n = 1;

@@ -263,6 +263,23 @@ static int cmp_ptr(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Uncounts n blocks sorted by address: one count-down per chunk for the
+ * blocks below a chunk that share one (a magazine's flush mostly does). */
+static void chunks_release_sorted(magpool_t *pool, void **blk, uint32_t n, unsigned order) {
+  mp_chunks *c = pool->chunks;
+  if (mp_block_bytes(pool, order) >= c->chunk) {
+    for (uint32_t i = 0; i < n; i++) mp_chunks_release(pool, blk[i], order);
+    return;
+  }
+  for (uint32_t i = 0; i < n;) {
+    uint64_t ch = (uint64_t)((char *)blk[i] - c->base) >> c->shift;
+    uint32_t j = i + 1;
+    while (j < n && (uint64_t)((char *)blk[j] - c->base) >> c->shift == ch) j++;
+    mp_chunks_release_n(pool, blk[i], order, j - i);
+    i = j;
+  }
+}
+
 /* Sorted by address and merged in place: a stack of (block, order) where
  * the top two merge while they are buddies of one order in one region.
  * What is left is given to the tree, whose merge step then continues
@@ -279,10 +296,8 @@ void mp_blocks_give(magpool_t *pool, mp_acct *a, void **blk, uint32_t n, unsigne
   }
   if (n > 1) qsort(blk, n, sizeof *blk, cmp_ptr);
   int64_t cost = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    cost += (int64_t)mp_block_cost(pool, blk[i], order);
-    if (pool->chunks != NULL) mp_chunks_release(pool, blk[i], order);
-  }
+  for (uint32_t i = 0; i < n; i++) cost += (int64_t)mp_block_cost(pool, blk[i], order);
+  if (pool->chunks != NULL) chunks_release_sorted(pool, blk, n, order);
   acct_add(pool, a, -cost);
   struct mp_merge_ent {
     char *p;

@@ -9,8 +9,11 @@
  * at least as long as the request (best-fit with a preference for mapped
  * memory, which is what makes a warm pool map nothing):
  *   - an exactly fitting run whose chunks are all mapped, at once;
- *   - else the window (at the start or the end of a run) with the most
- *     mapped chunks; ties go to the shorter run, then the lower address.
+ *   - else the window with the most mapped chunks, among a run's start
+ *     and the windows that start or end with a row of mapped chunks in
+ *     it (as tools/sim's model: a window at a run's ends only made
+ *     gpt2_train_small move ~800 chunks a warm pass instead of ~0); ties
+ *     go to the shorter run, then the lower address.
  * The long tail of never-used space is one free run like the others, with
  * no mapped chunk: it is taken only when nothing scores higher.
  * One mutex: large allocations are rare next to small ones, and each
@@ -23,7 +26,7 @@
 
 #define NIL UINT32_MAX
 /* Free runs looked at per request, at most (longest lists first). */
-#define MP_RUN_SCAN 64
+#define MP_RUN_SCAN 256
 
 static inline uint32_t bin_of(uint32_t len) { return len < MP_RUN_BINS ? len : 0; }
 
@@ -49,13 +52,41 @@ static void list_remove(mp_runs *r, uint32_t s) {
   r->free_chunks -= len;
 }
 
+/* The chunk map's mapped bitmap, read without its lock: a hint.  A chunk
+ * mapped or unmapped meanwhile only makes the choice less good; the take
+ * that follows maps what is not mapped (chunk.c). */
+static inline uint64_t map_word(const mp_chunks *c, uint64_t wi) {
+  return mp_load_relaxed(&c->mapped[wi]);
+}
+
 /* Mapped chunks in run-space window [s, s + m). */
-static uint32_t mapped_in(const magpool_t *pool, uint32_t s, uint32_t m) {
-  const mp_chunks *c = pool->chunks;
+static uint32_t mapped_in(const mp_chunks *c, uint32_t s, uint32_t m) {
+  uint64_t a = c->run0 + s, b = a + m;
   uint32_t k = 0;
-  for (uint32_t i = s; i < s + m; i++)
-    k += mp_load_relaxed(&c->state[c->run0 + i]) == MP_CHUNK_MAPPED;
+  for (uint64_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
+    uint64_t w = map_word(c, wi);
+    if (wi == a / 64) w &= ~(uint64_t)0 << (a % 64);
+    if (wi == (b - 1) / 64 && b % 64 != 0) w &= ~(uint64_t)0 >> (64 - b % 64);
+    k += (uint32_t)__builtin_popcountll(w);
+  }
   return k;
+}
+
+/* The first run-space chunk in [i, end) that is mapped (set) or unmapped
+ * (!set); end if none. */
+static uint32_t next_chunk(const mp_chunks *c, uint32_t i, uint32_t end, bool set) {
+  uint64_t x = c->run0 + i, e = c->run0 + end;
+  while (x < e) {
+    uint64_t w = map_word(c, x / 64);
+    if (!set) w = ~w;
+    w &= ~(uint64_t)0 << (x % 64);
+    if (w != 0) {
+      x = (x & ~(uint64_t)63) + mp_ctz64(w);
+      return x < e ? (uint32_t)(x - c->run0) : end;
+    }
+    x = (x & ~(uint64_t)63) + 64;
+  }
+  return end;
 }
 
 typedef struct pick {
@@ -63,13 +94,31 @@ typedef struct pick {
   bool found;
 } pick;
 
+static void window(const mp_chunks *c, pick *b, uint32_t s, uint32_t len, uint32_t m, uint32_t at) {
+  uint32_t sc = mapped_in(c, at, m);
+  if (!b->found || sc > b->score || (sc == b->score && (len < b->len || (len == b->len && at < b->at))))
+    *b = (pick){s, at, sc, len, true};
+}
+
+/* Scores the windows of free run [s, s + len) for m chunks: its start
+ * and end, and each window that starts where a row of mapped chunks starts or
+ * ends where one ends (clipped to the run).  Some window of the most
+ * mapped chunks is among them: slide any window until one of its ends
+ * meets a row's end, and it keeps every mapped chunk it had. */
 static void consider(const magpool_t *pool, pick *b, uint32_t s, uint32_t len, uint32_t m) {
-  uint32_t at[2] = {s, s + len - m};
-  for (int k = 0; k < (len > m ? 2 : 1); k++) {
-    uint32_t sc = mapped_in(pool, at[k], m);
-    if (!b->found || sc > b->score || (sc == b->score && (len < b->len || (len == b->len && at[k] < b->at)))) {
-      *b = (pick){s, at[k], sc, len, true};
-    }
+  const mp_chunks *c = pool->chunks;
+  window(c, b, s, len, m, s);
+  if (len == m || b->score == m) return;
+  window(c, b, s, len, m, s + len - m);
+  uint64_t top = mp_load_relaxed(&c->run_top);
+  uint32_t end = top <= c->run0 ? 0 : (uint32_t)(top - c->run0);
+  if (end > s + len) end = s + len;
+  uint32_t last = s + len - m;
+  for (uint32_t a = next_chunk(c, s, end, true); a < end && b->score < m;) {
+    uint32_t z = next_chunk(c, a, end, false); /* the row is [a, z) */
+    window(c, b, s, len, m, a < last ? a : last);
+    if (z >= s + m) window(c, b, s, len, m, z - m < last ? z - m : last);
+    a = next_chunk(c, z, end, true);
   }
 }
 
@@ -79,18 +128,17 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m) {
   pthread_mutex_lock(r->lock);
   pick b = {0, 0, 0, 0, false};
   unsigned looked = 0;
-  /* Exact fits first: a fully mapped one ends the search. */
-  for (uint32_t s = m < MP_RUN_BINS ? r->bin[m] : NIL; s != NIL && looked < MP_RUN_SCAN;
-       s = r->next[s], looked++) {
-    consider(pool, &b, s, m, m);
-    if (b.score == m) goto take;
-  }
-  for (uint32_t L = m + 1; L < MP_RUN_BINS && looked < MP_RUN_SCAN; L++)
-    for (uint32_t s = r->bin[L]; s != NIL && looked < MP_RUN_SCAN; s = r->next[s], looked++)
+  /* By length, shortest first: once a window is all mapped, longer runs
+   * cannot beat it. */
+  for (uint32_t L = m; L < MP_RUN_BINS && looked < MP_RUN_SCAN && !(b.found && b.score == m); L++)
+    for (uint32_t s = r->bin[L]; s != NIL && looked < MP_RUN_SCAN; s = r->next[s], looked++) {
       consider(pool, &b, s, L, m);
+      if (b.score == m && L == m) goto take; /* an exact fit, all mapped */
+    }
   /* The long runs, the unused tail among them, always get a look. */
-  for (uint32_t s = r->bin[0], k = 0; s != NIL && k < MP_RUN_SCAN; s = r->next[s], k++)
-    if (r->head[s] >= m) consider(pool, &b, s, r->head[s], m);
+  if (!(b.found && b.score == m))
+    for (uint32_t s = r->bin[0], k = 0; s != NIL && k < MP_RUN_SCAN; s = r->next[s], k++)
+      if (r->head[s] >= m) consider(pool, &b, s, r->head[s], m);
   if (!b.found) {
     pthread_mutex_unlock(r->lock);
     return -1;

@@ -150,8 +150,7 @@ static int scan_live(magpool_t *pool, mp_region *r, uint64_t from, uint64_t to,
 }
 
 /* A chunked pool: the tree (I1-I3), the chunk map (C1-C5), and the byte
- * counts: out of the tree (sum of accounts) == busy extents (C4's
- * ext_out), live headers (all in busy chunks) == used bytes, and
+ * counts: out of the tree (sum of accounts) == busy extents (C4), live headers (all in busy chunks) == used bytes, and
  * reserved - out == free bytes. */
 static int check_chunked(magpool_t *pool) {
   mp_region *r = pool->regions[0];
@@ -167,7 +166,7 @@ static int check_chunked(magpool_t *pool) {
     if (scan_live(pool, r, from, to, &live_units, &live_cost) != 0) return MAGPOOL_EINVAL;
   }
   sums s = sum_threads(pool);
-  if (s.held != mp_load_relaxed(&c->ext_out)) return MAGPOOL_EINVAL;
+  if (s.held != mp_chunks_out_bytes(pool)) return MAGPOOL_EINVAL; /* C4 */
   magpool_stats_t st;
   magpool_get_stats(pool, &st);
   if (live_cost != st.used_bytes) return MAGPOOL_EINVAL;

@@ -133,13 +133,16 @@ typedef struct mp_region {
  *   atomic RMW on every take from and give to the tree, by any thread.
  * state[c]: MP_CHUNK_UNMAPPED, MAPPED or UNMAPPING; written only under
  *   `lock`, read by anyone.
- * mapped[]: a bitmap of MAPPED chunks, under `lock` only.
+ * mapped[]: a bitmap of MAPPED chunks, written under `lock` only
+ *   (runs.c reads it, relaxed, as a hint for placement).
  *
  * Invariants (mp_chunks_check, quiescent):
  *   C1  busy[c] > 0  =>  state[c] == MAPPED
  *   C2  nmapped == |{c : state[c] == MAPPED}| == popcount(mapped) <= cap
  *   C3  nbusy == |{c : busy[c] > 0}| <= hwm
- *   C4  Σ busy[c] units == ext_out / min_block
+ *   C4  Σ busy[c] units × min_block == bytes out of the tree (the sum
+ *       of the accounts' held; stats.c checks it: no shared counter on
+ *       the take and give paths)
  *   C5  pool->reserved == nmapped * chunk
  * The one race that matters, a take that finds a chunk MAPPED against an
  * unmap that finds it empty, is a store-buffer pattern made safe by
@@ -178,13 +181,15 @@ typedef struct mp_chunks {
   _Atomic uint32_t *busy;
   _Atomic uint32_t *ext;
   _Atomic uint8_t *state;
-  uint64_t *mapped;
+  _Atomic uint64_t *mapped; /* written under lock; runs.c reads it    */
   _Atomic uint64_t nmapped; /* written under lock                       */
   _Atomic uint64_t nbusy;
   _Atomic uint64_t hwm;     /* high-water mark of nbusy                 */
-  _Atomic uint64_t ext_out; /* bytes of extents out of the tree         */
   _Atomic uint64_t maps, unmaps, moves;
-  uint64_t cursor;          /* under lock: where the victim scan starts */
+  uint64_t tree_top;        /* under lock: above every mapped chunk of
+                               the lower half                           */
+  _Atomic uint64_t run_top; /* above every mapped chunk of the run
+                               space (written under lock)               */
   uint64_t run0;            /* first chunk of the run space (upper half) */
   mp_runs runs;
   void *lock;               /* pthread_mutex_t *                        */

@@ -125,7 +125,7 @@ def load(path):
 
 
 def run(ev, slack=0, victim='hi', small_aware=False, large_aware=False, sep=False, per_stream=False, large_runs=False,
-        passes=2, scan=512):
+        passes=2, scan=512, run_min=CH, keep=0, keep_runs=False):
     """slack: int chunks, float (fraction of H), or (int, float): the larger of the two."""
     nstreams = max(e[3] for e in ev) + 1
     trees = {}
@@ -152,14 +152,16 @@ def run(ev, slack=0, victim='hi', small_aware=False, large_aware=False, sep=Fals
 
     ref = defaultdict(int)
     mapped = set()
-    empty = SortedList()
+    k0 = (1 << 22) if keep_runs else 0
+    empty = SortedList(range(k0, k0 + keep))
+    mapped.update(range(k0, k0 + keep))
     st = {'busy': 0, 'H': 0}
 
     def limit():
         H = st['H']
         if isinstance(slack, tuple):      # (fixed chunks, fraction of H): the larger of the two
-            return H + max(slack[0], int(slack[1] * H))
-        return H + (int(slack * H) if isinstance(slack, float) else slack)
+            return max(keep, H + max(slack[0], int(slack[1] * H)))
+        return max(keep, H + (int(slack * H) if isinstance(slack, float) else slack))
 
     def pick_victim(c):
         if victim == 'hi':
@@ -234,7 +236,7 @@ def run(ev, slack=0, victim='hi', small_aware=False, large_aware=False, sep=Fals
             if is_a:
                 n = max(s, MINB)
                 k = max((n - 1).bit_length(), 6)
-                if large_runs and n >= CH:
+                if large_runs and n >= run_min:
                     t = runs_alloc if not per_stream else runs_ps.setdefault(
                         stream, Runs((1 << 22) + (stream << 18), 1 << 18))
                     off = t.alloc((n + CH - 1) >> CHLOG, empty) << CHLOG
