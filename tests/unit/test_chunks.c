@@ -26,6 +26,7 @@
 #include <sched.h>
 #include <string.h>
 
+#include "flag.h"
 #include "test_util.h"
 
 #define CHUNK (2 * MiB)
@@ -120,24 +121,6 @@ Test(chunks, usable_size_is_whole_chunks) {
 }
 
 /* ================================================================ races */
-
-typedef struct flag {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int set;
-} flag;
-#define FLAG_INIT {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}
-static void flag_set(flag *f) {
-  pthread_mutex_lock(&f->mu);
-  f->set = 1;
-  pthread_cond_broadcast(&f->cv);
-  pthread_mutex_unlock(&f->mu);
-}
-static void flag_wait(flag *f) {
-  pthread_mutex_lock(&f->mu);
-  while (!f->set) pthread_cond_wait(&f->cv, &f->mu);
-  pthread_mutex_unlock(&f->mu);
-}
 
 static char *race_chunk;      /* the chunk the window is opened on */
 static int race_point;        /* MP_HOOK_CHUNK_TAKE or _UNMAP */

@@ -30,30 +30,8 @@
 #include <unistd.h>
 
 #include "stream_util.h"
+#include "flag.h"
 #include "test_util.h"
-
-/* ------------------------------------------------------------ handshake */
-
-/* A one-shot signal between two threads. */
-typedef struct flag {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int set;
-} flag;
-#define FLAG_INIT {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0}
-
-static void flag_set(flag *f) {
-  pthread_mutex_lock(&f->mu);
-  f->set = 1;
-  pthread_cond_broadcast(&f->cv);
-  pthread_mutex_unlock(&f->mu);
-}
-
-static void flag_wait(flag *f) {
-  pthread_mutex_lock(&f->mu);
-  while (!f->set) pthread_cond_wait(&f->cv, &f->mu);
-  pthread_mutex_unlock(&f->mu);
-}
 
 /* ============================================================ stack ABA */
 
