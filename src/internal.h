@@ -146,9 +146,16 @@ static inline size_t mp_block_cost(const magpool_t *pool, const void *p, unsigne
  * bytes (magazine.c, mp_cache_alloc_slow). */
 #define MP_CARVE_CHUNK_SHIFT 4
 
-/* Is `order` served as a run of chunks (runs.c) when taken for one
- * request (mp_region_take_need), rather than as a buddy block?  Blocks
- * of a chunk or more that no cache holds. */
+/* What a request of `size` in a block of `order` costs (mp_block_cost). */
+static inline size_t mp_request_cost(const magpool_t *pool, unsigned order, size_t size) {
+  size_t bs = mp_block_bytes(pool, order);
+  const mp_chunks *c = pool->chunks;
+  if (c == NULL || bs < c->chunk) return bs;
+  size_t n = size == 0 ? 1 : (size + c->chunk - 1) >> c->shift;
+  return n << c->shift;
+}
+
+/* Run of chunks (runs.c) for one request, not a buddy block? */
 static inline bool mp_run_order(const magpool_t *pool, unsigned order) {
   size_t bs = mp_block_bytes(pool, order);
   return bs >= pool->chunks->chunk && bs > pool->cfg.cache_max_block;

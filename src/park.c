@@ -117,17 +117,6 @@ static void detach_range(magpool_t *pool, mp_park *k, unsigned lo, unsigned hi, 
     if (k->mags[o] != NULL) detach_order(pool, k, o, chain);
 }
 
-/* What a block of `order` must cost (mp_block_cost) to serve a request
- * of `size`: on a chunked pool a block of a chunk or more is backed only
- * in whole chunks up to the size its first request asked for. */
-static size_t need_cost(const magpool_t *pool, unsigned order, size_t size) {
-  size_t bs = mp_block_bytes(pool, order);
-  const mp_chunks *c = pool->chunks;
-  if (c == NULL || bs < c->chunk) return bs;
-  size_t n = size == 0 ? 1 : (size + c->chunk - 1) >> c->shift;
-  return n << c->shift;
-}
-
 /* May blocks of `order` cost less than their size (runs backed for
  * their first request)? */
 static bool partial(const magpool_t *pool, unsigned order) {
@@ -164,7 +153,7 @@ static void *pop_fit(const magpool_t *pool, mp_mag *m, unsigned o, size_t need) 
 void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size) {
   mp_park *k = &e->park;
   if ((mp_load_relaxed(&k->mask) >> order & 1) == 0) return NULL;
-  size_t need = need_cost(pool, order, size);
+  size_t need = mp_request_cost(pool, order, size);
   park_lock(k);
   MP_HOOK(MP_HOOK_PARK_TAKE, k);
   void *p = NULL;
@@ -301,7 +290,7 @@ mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chai
 /* Chunks a request of `size` in a block of `order` needs: its cost in
  * whole chunks, 0 under a chunk. */
 static uint64_t need_chunks(const magpool_t *pool, unsigned order, size_t size) {
-  return (uint64_t)(need_cost(pool, order, size) >> pool->chunks->shift);
+  return (uint64_t)(mp_request_cost(pool, order, size) >> pool->chunks->shift);
 }
 
 bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size) {

@@ -228,24 +228,13 @@ int magpool_destroy(magpool_t *pool) {
  * large blocks is seldom out of such a window for long. */
 #define MP_LADDER_RETAKES 64
 
-/* What a request of `size` in a block of `order` costs (mp_block_cost):
- * on a chunked pool a block of a chunk or more is backed only up to the
- * size, in whole chunks. */
-static size_t request_cost(const magpool_t *pool, unsigned order, size_t size) {
-  size_t bs = mp_block_bytes(pool, order);
-  const mp_chunks *c = pool->chunks;
-  if (c == NULL || bs < c->chunk) return bs;
-  size_t n = size == 0 ? 1 : (size + c->chunk - 1) >> c->shift;
-  return n << c->shift;
-}
-
 /* The most the pool may hold: what it has, or its chunk cap. */
 static size_t pool_capacity(const magpool_t *pool, size_t reserved) {
   return pool->chunks != NULL ? (size_t)(pool->chunks->cap << pool->chunks->shift) : reserved;
 }
 
 static void *retake(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size) {
-  size_t cost = request_cost(pool, order, size);
+  size_t cost = mp_request_cost(pool, order, size);
   for (unsigned i = 0; i < MP_LADDER_RETAKES; i++) {
     magpool_stats_t st;
     magpool_get_stats(pool, &st);
@@ -263,7 +252,7 @@ static void *retake(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size)
 static bool could_fit(magpool_t *pool, unsigned order, size_t size) {
   magpool_stats_t st;
   magpool_get_stats(pool, &st);
-  return st.used_bytes + request_cost(pool, order, size) <=
+  return st.used_bytes + mp_request_cost(pool, order, size) <=
          pool_capacity(pool, st.reserved_bytes);
 }
 
