@@ -84,10 +84,12 @@ static double now_us(void) {
 }
 
 enum { R_CREATE, R_MAP, R_ACC1, R_ACC16, R_UNMAP, R_RELEASE,
-       R_SNEW, R_SKEEP, R_SKEPT, R_MOVE, R_SFREE, NROWS };
+       R_SNEW, R_SKEEP, R_SKEPT, R_MOVE, R_SFREE,
+       R_BCREATE, R_BMAP, R_BACC, R_BUNMAP, R_BRELEASE, NROWS };
 static const char *row_name[NROWS] = {
   "create", "map", "access_chunk", "access_run16", "unmap", "release",
   "src_map_new16", "src_unmap_keep", "src_map_kept16", "move", "src_unmap_free",
+  "create_handle16", "map_handle16", "access_handle16", "unmap_handle16", "release_handle16",
 };
 static double t[NROWS][MAX_ROUNDS];
 
@@ -124,6 +126,24 @@ static void raw_round(int r, int dev, CUdeviceptr va, size_t n, CUmemGenericAllo
   double t7 = now_us();
   for (size_t i = 0; i < n; i++) CU(drv.release(h[i]));
   double t8 = now_us();
+  /* The same bytes as one handle per RUN chunks: is a call's cost per
+   * handle (then larger handles would make mapping cheaper) or per byte? */
+  double u0 = now_us();
+  for (size_t i = 0; i < n; i += RUN) CU(drv.create(&h[i], RUN * CHUNK, &prop, 0));
+  double u1 = now_us();
+  for (size_t i = 0; i < n; i += RUN) CU(drv.map(va + i * CHUNK, RUN * CHUNK, 0, h[i], 0));
+  double u2 = now_us();
+  for (size_t i = 0; i < n; i += RUN) CU(drv.access(va + i * CHUNK, RUN * CHUNK, &acc, 1));
+  double u3 = now_us();
+  for (size_t i = 0; i < n; i += RUN) CU(drv.unmap(va + i * CHUNK, RUN * CHUNK));
+  double u4 = now_us();
+  for (size_t i = 0; i < n; i += RUN) CU(drv.release(h[i]));
+  double u5 = now_us();
+  t[R_BCREATE][r] = (u1 - u0) / n;
+  t[R_BMAP][r] = (u2 - u1) / n;
+  t[R_BACC][r] = (u3 - u2) / n;
+  t[R_BUNMAP][r] = (u4 - u3) / n;
+  t[R_BRELEASE][r] = (u5 - u4) / n;
   t[R_CREATE][r] = (t1 - t0) / n;
   t[R_MAP][r] = (t2 - t1) / n;
   t[R_ACC1][r] = (t3 - t2) / n;

@@ -79,6 +79,41 @@ static int cu_capturing(void *dev, magpool_stream_t s) {
 
 static bool cu_per_thread(magpool_stream_t s) { return (cudaStream_t)s == cudaStreamPerThread; }
 
+/* Has s finished everything queued on it?  Never waits; 0 when not known.
+ *   - cudaStreamPerThread: not asked (the handle names the calling
+ *     thread's stream, and a retire may run on another thread);
+ *   - a stream being captured: not asked (querying it would invalidate
+ *     the capture), nor a stream whose capture status cannot be read;
+ *   - a pending error of the program's (cudaPeekAtLastError): not asked,
+ *     because a "not ready" answer must be cleared from the last-error
+ *     slot afterwards, and that must not clear the program's error;
+ *   - the query runs in relaxed capture mode
+ *     (cudaThreadExchangeStreamCaptureMode), so that a capture in global
+ *     mode on another thread does not count it as a prohibited call.
+ * cudaSuccess orders: every operation queued on s before the query has
+ * completed and its writes are visible to work queued afterwards on any
+ * stream (as with cudaEventQuery). */
+static int cu_idle(void *dev, magpool_stream_t s) {
+  (void)dev;
+  cudaStream_t cs = (cudaStream_t)s;
+  if (cs == cudaStreamPerThread || cudaPeekAtLastError() != cudaSuccess) return 0;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(cs, &st) != cudaSuccess) {
+    (void)cudaGetLastError(); /* ours: the slot was clear above */
+    return 0;
+  }
+  if (st != cudaStreamCaptureStatusNone) return 0;
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  cudaError_t e = cudaStreamQuery(cs);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e != cudaSuccess) (void)cudaGetLastError(); /* not ready, or an error: not known */
+  return e == cudaSuccess;
+}
+
 const mp_stream_ops mp_cuda_stream_ops = {
   .get_id = cu_get_id,
   .after = cu_after,
@@ -86,6 +121,7 @@ const mp_stream_ops mp_cuda_stream_ops = {
   .capturing = cu_capturing,
   .sync_all = cu_sync_all,
   .per_thread = cu_per_thread,
+  .idle = cu_idle,
   .check_capture = true,
 };
 

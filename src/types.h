@@ -100,8 +100,8 @@ typedef struct mp_stream_ops {
   bool (*per_thread)(magpool_stream_t s);
   /* 1 if s has finished every piece of work queued on it so far (so a
    * free made on s now is already passed), 0 if not or not known; never
-   * waits.  NULL: never known (CUDA streams: a query could invalidate a
-   * capture in progress on another thread). */
+   * waits.  NULL: never known.  (CUDA: stream_cuda.c says when it asks,
+   * so that the query never touches a capture in progress.) */
   int (*idle)(void *dev, magpool_stream_t s);
   /* Must every async free ask capturing() first?  (CUDA: yes, a free
    * recorded into a graph must not make its block reusable; host: no.) */

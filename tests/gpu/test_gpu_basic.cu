@@ -12,12 +12,21 @@
 //      capture ends cleanly (magpool made no call that invalidates it), the
 //      graph instantiates and runs, and the pool still works afterwards.
 //      Done on a fresh stream and on one the pool has already used.
+//   4. Passed streams: a large block freed on a stream that has finished
+//      its work goes back at once when the stream's park is retired (no
+//      callback: pending_bytes is 0 right after magpool_stream_release);
+//      on a stream still running a kernel it is pending.  Meanwhile
+//      another thread captures a stream in global mode: the stream queries
+//      behind this must not invalidate that capture.
 //
 // Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
 #include <cuda_runtime.h>
 #include <magpool.h>
 
 #include <unistd.h>
+
+#include <atomic>
+#include <thread>
 
 #include <cstdint>
 #include <cstdio>
@@ -76,6 +85,13 @@ __global__ void k_count_bad(const uint32_t *p, size_t n, uint32_t seed,
        i += (size_t)gridDim.x * blockDim.x)
     if (p[i] != (seed ^ (uint32_t)(i * 2654435761u))) b++;
   if (b) atomicAdd(bad, b);
+}
+
+// Spins for about `ns` nanoseconds of GPU time.
+__global__ void k_spin(long long ns) {
+  long long t0 = clock64();
+  while (clock64() - t0 < ns * 2) {  // >= 1 cycle per ns at the H200's clocks
+  }
 }
 
 __global__ void k_nop(int *x) {
@@ -318,6 +334,100 @@ void test_capture() {
   std::printf("gpu_basic: capture done\n");
 }
 
+// A retire on stream s: free one large block (parked), then release the
+// stream (the park is retired).  Returns pending_bytes right after.
+size_t retire_one(magpool_t *pool, cudaStream_t s, size_t bytes, bool busy, const char *what) {
+  void *p = magpool_alloc_async(pool, bytes, (magpool_stream_t)s);
+  REQUIRE(p != nullptr, "%s: alloc_async: %s", what, magpool_strerror(magpool_last_error()));
+  if (busy) k_spin<<<1, 1, 0, s>>>(200LL * 1000 * 1000);  // 200 ms or more
+  EXPECT(magpool_free_async(pool, p, (magpool_stream_t)s) == 0, "%s: free_async", what);
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)s) == 0, "%s: release", what);
+  magpool_stats_t st;
+  EXPECT(magpool_get_stats(pool, &st) == 0, "%s: stats", what);
+  return st.pending_bytes;
+}
+
+// The test's own wait while another thread captures in global mode: in
+// relaxed mode, so that it cannot be what invalidates that capture.
+void sync_relaxed(cudaStream_t s) {
+  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  CK(cudaThreadExchangeStreamCaptureMode(&m));
+  CK(cudaStreamSynchronize(s));
+  CK(cudaThreadExchangeStreamCaptureMode(&m));
+}
+
+void test_idle() {
+  const size_t PS = 256u << 20, BIG = 32u << 20;
+  magpool_t *pool = make_pool(MAGPOOL_MEM_DEVICE, PS);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+  // Another thread captures cs in global mode for the whole of part 1.
+  std::atomic<int> phase{0};
+  cudaError_t end_rc = cudaErrorUnknown, begin_rc = cudaErrorUnknown;
+  cudaGraph_t graph = nullptr;
+  cudaStream_t cs;
+  CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  std::thread cap([&] {
+    cudaSetDevice(0);
+    begin_rc = cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal);
+    k_nop<<<1, 1, 0, cs>>>(nullptr);
+    phase.store(1);
+    while (phase.load() != 2) usleep(100);
+    end_rc = cudaStreamEndCapture(cs, &graph);
+  });
+  while (phase.load() != 1) usleep(100);
+
+  // 1. Idle stream: no batch, nothing pending, 20 times over.
+  int idle_pending = 0;
+  for (int i = 0; i < 20; i++) {
+    sync_relaxed(s);
+    if (retire_one(pool, s, BIG, false, "idle stream") != 0) idle_pending++;
+  }
+  EXPECT(idle_pending == 0, "%d of 20 retires on an idle stream left bytes pending",
+         idle_pending);
+  // The legacy stream, meanwhile: it must work and must not break the capture.
+  for (int i = 0; i < 20; i++) (void)retire_one(pool, nullptr, BIG, false, "legacy stream");
+  // 2. Busy stream: pending until the kernel is done.
+  size_t busy_pending = retire_one(pool, s, BIG, true, "busy stream");
+  EXPECT(busy_pending >= BIG, "a retire behind a running kernel was not pending (%zu bytes)",
+         busy_pending);
+  phase.store(2);
+  cap.join();
+  EXPECT(begin_rc == cudaSuccess, "begin capture: %s", cudaGetErrorString(begin_rc));
+  EXPECT(end_rc == cudaSuccess, "the queries invalidated another thread's capture: %s",
+         cudaGetErrorString(end_rc));
+  if (graph != nullptr) {
+    cudaGraphExec_t ge;
+    CK(cudaGraphInstantiate(&ge, graph, 0));
+    CK(cudaGraphLaunch(ge, cs));
+    CK(cudaStreamSynchronize(cs));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(graph));
+  }
+  CK(cudaStreamSynchronize(s));
+  magpool_stats_t st;
+  EXPECT(magpool_get_stats(pool, &st) == 0, "stats");
+  EXPECT(st.pending_bytes == 0, "pending after the busy stream finished: %zu", st.pending_bytes);
+
+  // 3. The legacy stream, idle, with no capture anywhere: no batch either.
+  CK(cudaDeviceSynchronize());
+  idle_pending = 0;
+  for (int i = 0; i < 20; i++) {
+    CK(cudaStreamSynchronize(nullptr));
+    if (retire_one(pool, nullptr, BIG, false, "idle legacy stream") != 0) idle_pending++;
+  }
+  EXPECT(idle_pending == 0, "%d of 20 retires on the idle legacy stream left bytes pending",
+         idle_pending);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  expect_empty(pool, PS, "idle pool");
+  CK(cudaStreamDestroy(s));
+  CK(cudaStreamDestroy(cs));
+  EXPECT(magpool_destroy(pool) == 0, "destroy");
+  std::printf("gpu_basic: passed streams done\n");
+}
+
 }  // namespace
 
 int main() {
@@ -333,6 +443,7 @@ int main() {
   test_device_pool();
   test_pinned_pool();
   test_capture();
+  test_idle();
   std::printf("gpu_basic: %s (%d failures)\n", g_fail ? "FAIL" : "PASS", g_fail);
   return g_fail ? 1 : 0;
 }
