@@ -200,7 +200,7 @@ static extent extent_of(const magpool_t *pool, const char *p, unsigned order, si
     e.n = 1;
     e.units = (uint64_t)1 << order;
   } else {
-    e.n = need == 0 ? 1 : (need + c->chunk - 1) >> c->shift;
+    e.n = mp_chunks_for(c, need);
     e.units = units_per_chunk(pool, c);
   }
   return e;

@@ -146,13 +146,18 @@ static inline size_t mp_block_cost(const magpool_t *pool, const void *p, unsigne
  * bytes (magazine.c, mp_cache_alloc_slow). */
 #define MP_CARVE_CHUNK_SHIFT 4
 
+/* Chunks that back `bytes` of a block of a chunk or more: at least one
+ * (a 0-byte request still takes a block). */
+static inline uint64_t mp_chunks_for(const mp_chunks *c, size_t bytes) {
+  return bytes == 0 ? 1 : (uint64_t)((bytes + c->chunk - 1) >> c->shift);
+}
+
 /* What a request of `size` in a block of `order` costs (mp_block_cost). */
 static inline size_t mp_request_cost(const magpool_t *pool, unsigned order, size_t size) {
   size_t bs = mp_block_bytes(pool, order);
   const mp_chunks *c = pool->chunks;
   if (c == NULL || bs < c->chunk) return bs;
-  size_t n = size == 0 ? 1 : (size + c->chunk - 1) >> c->shift;
-  return n << c->shift;
+  return (size_t)mp_chunks_for(c, size) << c->shift;
 }
 
 /* Run of chunks (runs.c) for one request, not a buddy block? */

@@ -149,7 +149,7 @@ static inline bool is_run(const magpool_t *pool, const void *p) {
  * order for its header and stats, but occupies only its chunks. */
 static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, bool grow) {
   mp_chunks *c = pool->chunks;
-  uint32_t m = (uint32_t)(need == 0 ? 1 : (need + c->chunk - 1) >> c->shift);
+  uint32_t m = (uint32_t)mp_chunks_for(c, need);
   int64_t s = mp_runs_alloc(pool, m);
   if (s < 0) return NULL;
   char *p = c->base + ((size_t)(c->run0 + (uint64_t)s) << c->shift);
