@@ -141,9 +141,12 @@ typedef struct magpool_config {
                                 the out-of-memory path and an allocation
                                 that would raise the pool's peak return
                                 them.  0 retires every async free at once.
-                                A retire on a host stream that has
-                                finished all its work returns the blocks
-                                to the pool at once                      */
+                                A retire on a stream that has finished
+                                all its work returns the blocks to the
+                                pool at once (host streams; CUDA streams
+                                through cudaStreamQuery in relaxed capture
+                                mode, except cudaStreamPerThread and a
+                                stream being captured)                   */
   int capture_check;         /* nonzero (default): every async free on a
                                 CUDA stream asks cudaStreamIsCapturing
                                 (about 80 ns on an H200) and answers
