@@ -22,6 +22,9 @@
 #define MP_MAG_SLOTS 64u  /* blocks a magazine can hold: every class's cap
                              is a power of two <= this (pool.c), and
                              mp_blocks_give's merge stack is sized by it   */
+#define MP_CARVE_CHUNK_SHIFT 4 /* a thread-cache refill of a chunked pool
+                                   carves at most chunk >> this bytes
+                                   (magazine.c, mp_cache_alloc_slow)    */
 #define MP_CACHELINE 64
 #define MP_MAG_SLABS_MAX (1u << 20) /* 64 magazines a slab: 2^26 magazines,
                                        indices fit 32 bits               */

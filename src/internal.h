@@ -142,12 +142,7 @@ static inline size_t mp_block_cost(const magpool_t *pool, const void *p, unsigne
   return (size_t)mp_load_relaxed(&c->ext[first]) << c->shift;
 }
 
-/* A thread-cache refill of a chunked pool carves at most chunk >> this
- * bytes (magazine.c, mp_cache_alloc_slow). */
-#define MP_CARVE_CHUNK_SHIFT 4
-
-/* Chunks that back `bytes` of a block of a chunk or more: at least one
- * (a 0-byte request still takes a block). */
+/* Chunks that back `bytes` of a block of a chunk or more (at least one). */
 static inline uint64_t mp_chunks_for(const mp_chunks *c, size_t bytes) {
   return bytes == 0 ? 1 : (uint64_t)((bytes + c->chunk - 1) >> c->shift);
 }
