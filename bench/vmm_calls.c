@@ -85,17 +85,44 @@ static double now_us(void) {
 
 enum { R_CREATE, R_MAP, R_ACC1, R_ACC16, R_UNMAP, R_RELEASE,
        R_SNEW, R_SKEEP, R_SKEPT, R_MOVE, R_SFREE,
-       R_BCREATE, R_BMAP, R_BACC, R_BUNMAP, R_BRELEASE, NROWS };
+       R_BCREATE, R_BMAP, R_BACC, R_BUNMAP, R_BRELEASE,
+       R_QCREATE, R_QMAP, R_QACC, R_QUNMAP, R_QRELEASE, R_SGMAP, R_SGUNMAP, NROWS };
 static const char *row_name[NROWS] = {
   "create", "map", "access_chunk", "access_run16", "unmap", "release",
   "src_map_new16", "src_unmap_keep", "src_map_kept16", "move", "src_unmap_free",
   "create_handle16", "map_handle16", "access_handle16", "unmap_handle16", "release_handle16",
+  "create_handle4", "map_handle4", "access_handle4", "unmap_handle4", "release_handle4",
+  "src_map_group", "src_unmap_group",
 };
 static double t[NROWS][MAX_ROUNDS];
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
+}
+
+/* The same bytes as one handle per g chunks (rows row0 .. row0 + 4: create,
+ * map, access, unmap, release, per chunk): is a call's cost per handle
+ * (then larger handles make mapping cheaper) or per byte? */
+static void group_round(int r, int row0, size_t g, CUdeviceptr va, size_t n,
+                        CUmemGenericAllocationHandle *h, const CUmemAllocationProp *prop,
+                        const CUmemAccessDesc *acc) {
+  double u0 = now_us();
+  for (size_t i = 0; i < n; i += g) CU(drv.create(&h[i], g * CHUNK, prop, 0));
+  double u1 = now_us();
+  for (size_t i = 0; i < n; i += g) CU(drv.map(va + i * CHUNK, g * CHUNK, 0, h[i], 0));
+  double u2 = now_us();
+  for (size_t i = 0; i < n; i += g) CU(drv.access(va + i * CHUNK, g * CHUNK, acc, 1));
+  double u3 = now_us();
+  for (size_t i = 0; i < n; i += g) CU(drv.unmap(va + i * CHUNK, g * CHUNK));
+  double u4 = now_us();
+  for (size_t i = 0; i < n; i += g) CU(drv.release(h[i]));
+  double u5 = now_us();
+  t[row0][r] = (u1 - u0) / n;
+  t[row0 + 1][r] = (u2 - u1) / n;
+  t[row0 + 2][r] = (u3 - u2) / n;
+  t[row0 + 3][r] = (u4 - u3) / n;
+  t[row0 + 4][r] = (u5 - u4) / n;
 }
 
 /* One round of the single driver calls over n chunks at va. */
@@ -126,24 +153,8 @@ static void raw_round(int r, int dev, CUdeviceptr va, size_t n, CUmemGenericAllo
   double t7 = now_us();
   for (size_t i = 0; i < n; i++) CU(drv.release(h[i]));
   double t8 = now_us();
-  /* The same bytes as one handle per RUN chunks: is a call's cost per
-   * handle (then larger handles would make mapping cheaper) or per byte? */
-  double u0 = now_us();
-  for (size_t i = 0; i < n; i += RUN) CU(drv.create(&h[i], RUN * CHUNK, &prop, 0));
-  double u1 = now_us();
-  for (size_t i = 0; i < n; i += RUN) CU(drv.map(va + i * CHUNK, RUN * CHUNK, 0, h[i], 0));
-  double u2 = now_us();
-  for (size_t i = 0; i < n; i += RUN) CU(drv.access(va + i * CHUNK, RUN * CHUNK, &acc, 1));
-  double u3 = now_us();
-  for (size_t i = 0; i < n; i += RUN) CU(drv.unmap(va + i * CHUNK, RUN * CHUNK));
-  double u4 = now_us();
-  for (size_t i = 0; i < n; i += RUN) CU(drv.release(h[i]));
-  double u5 = now_us();
-  t[R_BCREATE][r] = (u1 - u0) / n;
-  t[R_BMAP][r] = (u2 - u1) / n;
-  t[R_BACC][r] = (u3 - u2) / n;
-  t[R_BUNMAP][r] = (u4 - u3) / n;
-  t[R_BRELEASE][r] = (u5 - u4) / n;
+  group_round(r, R_BCREATE, RUN, va, n, h, &prop, &acc);
+  group_round(r, R_QCREATE, 4, va, n, h, &prop, &acc);
   t[R_CREATE][r] = (t1 - t0) / n;
   t[R_MAP][r] = (t2 - t1) / n;
   t[R_ACC1][r] = (t3 - t2) / n;
@@ -168,6 +179,14 @@ static void src_round(int r, void *ctx, char *a, char *b, size_t n) {
   double t4 = now_us();
   for (size_t i = 0; i < n; i++) MP(mp_source_device.unmap(ctx, b + i * CHUNK, CHUNK, 0));
   double t5 = now_us();
+  /* The pool's growth path: groups of MP_CHUNK_GROUP chunks. */
+  const size_t G = MP_CHUNK_GROUP;
+  for (size_t i = 0; i + G <= n; i += G) MP(mp_source_device.map_group(ctx, a + i * CHUNK, G * CHUNK));
+  double t6 = now_us();
+  for (size_t i = 0; i + G <= n; i += G) MP(mp_source_device.unmap(ctx, a + i * CHUNK, G * CHUNK, 0));
+  double t7 = now_us();
+  t[R_SGMAP][r] = (t6 - t5) / n;
+  t[R_SGUNMAP][r] = (t7 - t6) / n;
   t[R_SNEW][r] = (t1 - t0) / n;
   t[R_SKEEP][r] = (t2 - t1) / n;
   t[R_SKEPT][r] = (t3 - t2) / n;

@@ -77,16 +77,25 @@ static inline void bit_clear(mp_chunks *c, uint64_t i) {
   mp_store_relaxed(w, mp_load_relaxed(w) & ~((uint64_t)1 << (i % 64)));
 }
 
-/* Maps chunks [first, first + n), all unmapped.  Lock held. */
-static int map_run(magpool_t *pool, uint64_t first, uint64_t n) {
+/* Maps chunks [a, a + n) of one group (all unmapped, inside one
+ * MP_CHUNK_GROUP-aligned window) with one source call: one piece of
+ * memory if the source can (map_group) and n > 1, else a chunk each.
+ * Lock held. */
+static int map_group(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   mp_chunks *c = pool->chunks;
-  int rc = pool->src->map(pool->src_ctx, c->base + (first << c->shift), n << c->shift);
+  const mp_source_ops *src = pool->src;
+  bool one = grp && n > 1 && src->map_group != NULL && a >= c->keep;
+  char *addr = c->base + (a << c->shift);
+  int rc = one ? src->map_group(pool->src_ctx, addr, n << c->shift)
+               : src->map(pool->src_ctx, addr, n << c->shift);
   if (rc != 0) return rc;
-  for (uint64_t i = first; i < first + n; i++) {
+  for (uint64_t i = a; i < a + n; i++) {
+    c->gfirst[i] = one ? (uint32_t)a : (uint32_t)i;
+    c->glen[i] = one ? (uint32_t)n : 1u;
     bit_set(c, i);
     mp_store_seq_cst(&c->state[i], MP_CHUNK_MAPPED);
   }
-  uint64_t end = first + n;
+  uint64_t end = a + n;
   if (end > c->run0) {
     if (end > mp_load_relaxed(&c->run_top)) mp_store_relaxed(&c->run_top, end);
   } else if (end > c->tree_top) {
@@ -98,29 +107,60 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n) {
   return 0;
 }
 
-/* Unmaps chunk i if it is empty, with the handshake above.  Lock held.
- * Returns true if it was unmapped. */
-static bool unmap_if_empty(magpool_t *pool, uint64_t i, int keep) {
-  mp_chunks *c = pool->chunks;
-  if (mp_load_relaxed(&c->busy[i]) != 0) return false;
-  mp_store_seq_cst(&c->state[i], MP_CHUNK_UNMAPPING);
-  MP_HOOK(MP_HOOK_CHUNK_UNMAP, c->base + (i << c->shift));
-  if (mp_load_seq_cst(&c->busy[i]) != 0 ||
-      pool->src->unmap(pool->src_ctx, c->base + (i << c->shift), c->chunk, keep) != 0) {
-    mp_store_seq_cst(&c->state[i], MP_CHUNK_MAPPED);
-    return false;
+/* Maps chunks [first, first + n), all unmapped: with grp, a group per
+ * MP_CHUNK_GROUP-aligned window they cover, else a chunk each.  Groups
+ * are for growth only: pool_size (keep) and the chunks a move maps are
+ * mapped a chunk each, so that a move unmaps as many chunks as it maps
+ * (a fixed pool keeps all of pool_size, and never has a group).  On
+ * failure the groups mapped before it stay mapped (and counted): empty
+ * mapped chunks.  Lock held. */
+static int map_run(magpool_t *pool, uint64_t first, uint64_t n, bool grp) {
+  for (uint64_t a = first, end = first + n; a < end;) {
+    uint64_t b = (a / MP_CHUNK_GROUP + 1) * MP_CHUNK_GROUP;
+    if (b > end) b = end;
+    int rc = map_group(pool, a, b - a, grp);
+    if (rc != 0) return rc;
+    a = b;
   }
-  mp_store_seq_cst(&c->state[i], MP_CHUNK_UNMAPPED);
-  bit_clear(c, i);
-  mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - 1);
-  mp_fetch_add_relaxed(&c->unmaps, 1);
-  reserved_add(pool, -1);
-  return true;
+  return 0;
+}
+
+/* Unmaps the group of chunk i if every chunk of it is empty, with the
+ * handshake above on each of them, and if at least `floor` chunks stay
+ * mapped.  Lock held.  Returns the chunks unmapped: the group's length,
+ * or 0. */
+static uint64_t unmap_if_empty(magpool_t *pool, uint64_t i, int keep, uint64_t floor) {
+  mp_chunks *c = pool->chunks;
+  if (mp_load_relaxed(&c->state[i]) != MP_CHUNK_MAPPED) return 0;
+  uint64_t g = c->gfirst[i], n = c->glen[i];
+  if (mp_load_relaxed(&c->nmapped) < floor + n) return 0;
+  for (uint64_t k = g; k < g + n; k++)
+    if (mp_load_relaxed(&c->busy[k]) != 0) return 0;
+  for (uint64_t k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPING);
+  MP_HOOK(MP_HOOK_CHUNK_UNMAP, c->base + (i << c->shift));
+  bool busy = false;
+  for (uint64_t k = g; k < g + n && !busy; k++) busy = mp_load_seq_cst(&c->busy[k]) != 0;
+  /* A group's memory is one piece: it is freed, never kept (a move maps
+   * what it needs next, which need not be a group of this length). */
+  if (busy || pool->src->unmap(pool->src_ctx, c->base + (g << c->shift), n << c->shift,
+                               n == 1 ? keep : 0) != 0) {
+    for (uint64_t k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_MAPPED);
+    return 0;
+  }
+  for (uint64_t k = g; k < g + n; k++) {
+    mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPED);
+    bit_clear(c, k);
+  }
+  mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - n);
+  mp_fetch_add_relaxed(&c->unmaps, n);
+  reserved_add(pool, -(int64_t)n);
+  return n;
 }
 
 /* Unmaps empty mapped chunks in [lo, hi), highest first, until `want`
  * are gone.  Returns how many were.  Lock held. */
-static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t want, int keep) {
+static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t want, int keep,
+                           uint64_t floor) {
   mp_chunks *c = pool->chunks;
   uint64_t got = 0;
   if (hi <= lo || want == 0) return 0;
@@ -130,7 +170,7 @@ static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t w
       unsigned b = 63 - mp_clz64(w);
       w &= ~((uint64_t)1 << b);
       uint64_t i = wi * 64 + b;
-      if (i >= lo && i < hi && unmap_if_empty(pool, i, keep)) got++;
+      if (i >= lo && i < hi) got += unmap_if_empty(pool, i, keep, floor);
     }
   }
   return got;
@@ -140,10 +180,10 @@ static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t w
  * then the lower half (lowest-first placement wants high chunks last).
  * The highest empty chunks of a warm pool mostly lie in a row.  Returns
  * how many were unmapped.  Lock held. */
-static uint64_t unmap_highest(magpool_t *pool, uint64_t want, int keep) {
+static uint64_t unmap_highest(magpool_t *pool, uint64_t want, int keep, uint64_t floor) {
   mp_chunks *c = pool->chunks;
-  uint64_t got = unmap_down(pool, c->run0, mp_load_relaxed(&c->run_top), want, keep);
-  return got + unmap_down(pool, 0, c->tree_top, want - got, keep);
+  uint64_t got = unmap_down(pool, c->run0, mp_load_relaxed(&c->run_top), want, keep, floor);
+  return got >= want ? got : got + unmap_down(pool, 0, c->tree_top, want - got, keep, floor);
 }
 
 /* Empty mapped chunks, counted up to `enough`.  Lock held. */
@@ -179,7 +219,9 @@ static int make_room(magpool_t *pool, uint64_t n, bool grow) {
   uint64_t nm = mp_load_relaxed(&c->nmapped);
   if (nm + n > c->cap && count_empty(c, nm + n - c->cap) < nm + n - c->cap) return MAGPOOL_ENOMEM;
   uint64_t over = mp_load_relaxed(&c->nmapped) + n - budget(c);
-  mp_fetch_add_relaxed(&c->moves, unmap_highest(pool, over, 1));
+  /* A group unmapped whole may give more than `over`: never below
+   * pool_size once the n chunks are mapped. */
+  mp_fetch_add_relaxed(&c->moves, unmap_highest(pool, over, 1, c->keep > n ? c->keep - n : 0));
   return mp_load_relaxed(&c->nmapped) + n <= c->cap ? 0 : MAGPOOL_ENOMEM;
 }
 
@@ -222,7 +264,7 @@ static void release_excess(magpool_t *pool) {
   uint64_t nm = mp_load_relaxed(&c->nmapped), nb = mp_load_relaxed(&c->nbusy);
   if (nm > c->keep && nm > nb && nm - nb > c->release) {
     uint64_t want = nm - nb - c->release;
-    unmap_highest(pool, want < nm - c->keep ? want : nm - c->keep, 0);
+    unmap_highest(pool, want < nm - c->keep ? want : nm - c->keep, 0, c->keep);
   }
   pthread_mutex_unlock(lk);
 }
@@ -258,9 +300,9 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, boo
     if (mp_load_relaxed(&c->state[i]) == MP_CHUNK_MAPPED) { i++; continue; }
     uint64_t j = i;
     while (j < e.first + e.n && mp_load_relaxed(&c->state[j]) != MP_CHUNK_MAPPED) j++;
-    uint64_t before = mp_load_relaxed(&c->nmapped);
+    uint64_t before = mp_load_relaxed(&c->nmapped), moved = mp_load_relaxed(&c->moves);
     rc = make_room(pool, j - i, grow);
-    if (rc == 0) rc = map_run(pool, i, j - i);
+    if (rc == 0) rc = map_run(pool, i, j - i, mp_load_relaxed(&c->moves) == moved);
     if (rc == 0 && mp_load_relaxed(&c->nmapped) > before) mp_fetch_add_relaxed(&pool->grow_count, 1);
     i = j;
   }
@@ -310,7 +352,7 @@ void mp_chunks_trim(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
   pthread_mutex_lock(lock_of(c));
   uint64_t nm = mp_load_relaxed(&c->nmapped);
-  if (nm > c->keep) unmap_highest(pool, nm - c->keep, 0);
+  if (nm > c->keep) unmap_highest(pool, nm - c->keep, 0, c->keep);
   pthread_mutex_unlock(lock_of(c));
 }
 
@@ -369,7 +411,11 @@ int mp_chunks_init(magpool_t *pool) {
   c->ext = calloc(c->n, sizeof *c->ext);
   c->state = calloc(c->n, sizeof *c->state);
   c->mapped = calloc((c->n + 63) / 64, sizeof *c->mapped);
-  if (c->busy == NULL || c->ext == NULL || c->state == NULL || c->mapped == NULL) goto fail_tabs;
+  c->gfirst = calloc(c->n, sizeof *c->gfirst);
+  c->glen = calloc(c->n, sizeof *c->glen);
+  if (c->busy == NULL || c->ext == NULL || c->state == NULL || c->mapped == NULL ||
+      c->gfirst == NULL || c->glen == NULL)
+    goto fail_tabs;
   void *base = NULL;
   rc = src->va_reserve(pool->src_ctx, va, chunk, &base);
   if (rc != 0) goto fail_tabs;
@@ -385,7 +431,7 @@ int mp_chunks_init(magpool_t *pool) {
   /* pool_size is mapped at creation, at the lowest addresses, which
    * lowest-first placement fills first. */
   pthread_mutex_lock(lk);
-  rc = map_run(pool, 0, c->keep);
+  rc = map_run(pool, 0, c->keep, false);
   pthread_mutex_unlock(lk);
   if (rc != 0) {
     mp_runs_fini(pool);
@@ -395,6 +441,8 @@ int mp_chunks_init(magpool_t *pool) {
   }
   return 0;
 fail_tabs:
+  free(c->gfirst);
+  free(c->glen);
   free(c->busy);
   free(c->ext);
   free((void *)c->state);
@@ -411,6 +459,8 @@ void mp_chunks_fini(magpool_t *pool) {
   if (c == NULL) return;
   pool->src->va_release(pool->src_ctx, c->base, c->va_bytes);
   mp_runs_fini(pool);
+  free(c->gfirst);
+  free(c->glen);
   free(c->busy);
   free(c->ext);
   free((void *)c->state);
@@ -433,6 +483,14 @@ int mp_chunks_check(magpool_t *pool) {
     if (st == MP_CHUNK_UNMAPPING || bit != (st == MP_CHUNK_MAPPED)) return MAGPOOL_EINVAL;
     if (b != 0 && st != MP_CHUNK_MAPPED) return MAGPOOL_EINVAL;           /* C1 */
     if (b > units_per_chunk(pool, c)) return MAGPOOL_EINVAL;
+    if (st == MP_CHUNK_MAPPED) { /* C6 */
+      uint64_t g = c->gfirst[i], n = c->glen[i];
+      if (n == 0 || n > MP_CHUNK_GROUP || g > i || i >= g + n || g / MP_CHUNK_GROUP !=
+          (g + n - 1) / MP_CHUNK_GROUP || c->gfirst[g] != g || c->glen[g] != n)
+        return MAGPOOL_EINVAL;
+      for (uint64_t k = g; k < g + n; k++)
+        if (mp_load_relaxed(&c->state[k]) != MP_CHUNK_MAPPED) return MAGPOOL_EINVAL;
+    }
     mapped += st == MP_CHUNK_MAPPED;
     bits += bit;
     busy += b != 0;

@@ -79,6 +79,9 @@ static int cuda_va_release(void *ctx, void *base, size_t size) {
 static int cuda_map(void *ctx, void *addr, size_t bytes) {
   return mp_vmm_map(((cuda_ctx *)ctx)->vmm, addr, bytes);
 }
+static int cuda_map_group(void *ctx, void *addr, size_t bytes) {
+  return mp_vmm_map_group(((cuda_ctx *)ctx)->vmm, addr, bytes);
+}
 static int cuda_unmap(void *ctx, void *addr, size_t bytes, int keep) {
   return mp_vmm_unmap(((cuda_ctx *)ctx)->vmm, addr, bytes, keep);
 }
@@ -170,6 +173,7 @@ const mp_source_ops mp_source_device = {
   .va_reserve = cuda_va_reserve,
   .va_release = cuda_va_release,
   .map = cuda_map,
+  .map_group = cuda_map_group,
   .unmap = cuda_unmap,
 };
 

@@ -60,8 +60,11 @@ typedef struct vrange {
   uintptr_t base;
   size_t size, chunk;
   unsigned shift;                  /* log2(chunk)                       */
-  CUmemGenericAllocationHandle *h; /* per chunk; valid where on[i]      */
+  CUmemGenericAllocationHandle *h; /* at a mapping's first chunk       */
   unsigned char *on;               /* per chunk: mapped                 */
+  unsigned char *gl;               /* chunks of the mapping that starts
+                                      here (1, or a group's length); 0
+                                      elsewhere                         */
 } vrange;
 
 struct mp_vmm {
@@ -207,9 +210,9 @@ int mp_vmm_va_reserve(mp_vmm *v, size_t size, size_t chunk, void **base) {
   size_t n = size / chunk;
   vrange *r = calloc(1, sizeof *r);
   CUmemGenericAllocationHandle *h = calloc(n, sizeof *h);
-  unsigned char *on = calloc(n, 1);
+  unsigned char *on = calloc(n, 1), *gl = calloc(n, 1);
   int saved, rc = MAGPOOL_ENOMEM;
-  if (r == NULL || h == NULL || on == NULL) goto fail;
+  if (r == NULL || h == NULL || on == NULL || gl == NULL) goto fail;
   if ((rc = enter(v, &saved)) != 0) goto fail;
   CUdeviceptr p = 0;
   rc = cu_err(drv.va_reserve(&p, size, size, 0, 0));
@@ -226,27 +229,40 @@ int mp_vmm_va_reserve(mp_vmm *v, size_t size, size_t chunk, void **base) {
   r->shift = (unsigned)__builtin_ctzll((unsigned long long)chunk);
   r->h = h;
   r->on = on;
+  r->gl = gl;
   r->next = v->ranges;
   v->ranges = r;
   *base = (void *)p;
   return 0;
 fail:
+  free(gl);
   free(on);
   free(h);
   free(r);
   return rc;
 }
 
-/* Unmaps and frees every chunk of r; returns the first error (0 if none). */
+/* Unmaps the mapping that starts at chunk i of r (gl[i] chunks) and
+ * keeps its handle (keep, one chunk only) or frees it. */
+static int unmap_one(mp_vmm *v, vrange *r, size_t i, int keep) {
+  size_t n = r->gl[i];
+  int rc = cu_err(drv.unmap(r->base + (i << r->shift), n << r->shift));
+  if (rc) return rc;
+  for (size_t k = i; k < i + n; k++) r->on[k] = 0;
+  r->gl[i] = 0;
+  v->n.mapped -= n;
+  if (keep && n == 1) keep_handle(v, r->h[i], r->chunk);
+  else drop_handle(v, r->h[i]);
+  return 0;
+}
+
+/* Unmaps and frees every mapping of r; returns the first error (0 if none). */
 static int empty_range(mp_vmm *v, vrange *r) {
   int rc = 0;
   for (size_t i = 0, n = r->size >> r->shift; i < n; i++) {
-    if (!r->on[i]) continue;
-    int e = cu_err(drv.unmap(r->base + (i << r->shift), r->chunk));
-    if (e) { if (!rc) rc = e; continue; }
-    r->on[i] = 0;
-    v->n.mapped--;
-    drop_handle(v, r->h[i]);
+    if (r->gl[i] == 0) continue;
+    int e = unmap_one(v, r, i, 0);
+    if (e && !rc) rc = e;
   }
   return rc;
 }
@@ -266,6 +282,7 @@ int mp_vmm_va_release(mp_vmm *v, void *base, size_t size) {
       *pp = r->next;
       free(r->h);
       free(r->on);
+      free(r->gl);
       free(r);
     }
   }
@@ -283,6 +300,7 @@ void mp_vmm_close(mp_vmm *v) {
     if (entered && empty_range(v, r) == 0) (void)drv.va_free(r->base, r->size);
     free(r->h);
     free(r->on);
+    free(r->gl);
     free(r);
   }
   if (entered) {
@@ -335,6 +353,7 @@ static void undo_run(mp_vmm *v, vrange *r, size_t i0, size_t n, size_t reused) {
     size_t i = i0 + k;
     (void)drv.unmap(r->base + (i << r->shift), r->chunk);
     r->on[i] = 0;
+    r->gl[i] = 0;
     v->n.mapped--;
     if (k < reused) {
       keep_handle(v, r->h[i], r->chunk);
@@ -368,6 +387,7 @@ int mp_vmm_map(mp_vmm *v, void *addr, size_t bytes) {
     }
     r->h[i] = h;
     r->on[i] = 1;
+    r->gl[i] = 1;
     v->n.mapped++;
     if (was_kept) { v->n.reuses++; reused++; }
   }
@@ -377,20 +397,53 @@ int mp_vmm_map(mp_vmm *v, void *addr, size_t bytes) {
   return rc;
 }
 
+int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) {
+  /* Kept handles (a move's) are used first, a chunk each: a new piece of
+   * memory beside them would leave them held and uncounted. */
+  if (v->nkept != 0) return mp_vmm_map(v, addr, bytes);
+  size_t i0;
+  vrange *r = find_run(v, addr, bytes, 0, &i0);
+  size_t n = bytes >> (r != NULL ? r->shift : 0);
+  if (r == NULL || n > 255) return MAGPOOL_EINVAL;
+  if (n == 1) return mp_vmm_map(v, addr, bytes);
+  int saved, rc = enter(v, &saved);
+  if (rc) return rc;
+  CUmemGenericAllocationHandle h;
+  if ((rc = cu_err(drv.create(&h, bytes, &v->prop, 0))) == 0) {
+    v->n.creates++;
+    rc = cu_err(drv.map((CUdeviceptr)addr, bytes, 0, h, 0));
+    if (rc == 0 && (rc = cu_err(set_access(v, (CUdeviceptr)addr, bytes))) != 0)
+      (void)drv.unmap((CUdeviceptr)addr, bytes);
+    if (rc) {
+      drop_handle(v, h);
+    } else {
+      r->h[i0] = h;
+      for (size_t k = i0; k < i0 + n; k++) r->on[k] = 1;
+      r->gl[i0] = (unsigned char)n;
+      v->n.mapped += n;
+    }
+  }
+  leave(v, saved);
+  return rc;
+}
+
 int mp_vmm_unmap(mp_vmm *v, void *addr, size_t bytes, int keep) {
   size_t i0;
   vrange *r = find_run(v, addr, bytes, 1, &i0);
   if (r == NULL) return MAGPOOL_EINVAL;
+  size_t end = i0 + (bytes >> r->shift);
+  /* Whole mappings only (cuMemUnmap cannot take part of one): checked
+   * before anything is unmapped. */
+  for (size_t i = i0; i < end; i += r->gl[i])
+    if (r->gl[i] == 0 || i + r->gl[i] > end) return MAGPOOL_EINVAL;
   int saved, rc = enter(v, &saved);
   if (rc) return rc;
-  /* cuMemUnmap takes whole mappings: one call per chunk.  A failure stops
-   * here; the chunks before it are unmapped, the rest stay mapped. */
-  for (size_t i = i0, end = i0 + (bytes >> r->shift); i < end; i++) {
-    if ((rc = cu_err(drv.unmap(r->base + (i << r->shift), r->chunk))) != 0) break;
-    r->on[i] = 0;
-    v->n.mapped--;
-    if (keep) keep_handle(v, r->h[i], r->chunk);
-    else drop_handle(v, r->h[i]);
+  /* One call per mapping.  A failure stops here; the mappings before it
+   * are unmapped, the rest stay mapped. */
+  for (size_t i = i0; i < end;) {
+    size_t n = r->gl[i];
+    if ((rc = unmap_one(v, r, i, keep)) != 0) break;
+    i += n;
   }
   leave(v, saved);
   return rc;
@@ -418,6 +471,10 @@ int mp_vmm_va_release(mp_vmm *v, void *base, size_t size) {
   return MAGPOOL_ENODEV;
 }
 int mp_vmm_map(mp_vmm *v, void *addr, size_t bytes) {
+  (void)v, (void)addr, (void)bytes;
+  return MAGPOOL_ENODEV;
+}
+int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) {
   (void)v, (void)addr, (void)bytes;
   return MAGPOOL_ENODEV;
 }

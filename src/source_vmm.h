@@ -37,6 +37,7 @@ size_t mp_vmm_granularity(mp_vmm *v);
 int mp_vmm_va_reserve(mp_vmm *v, size_t size, size_t chunk, void **base);
 int mp_vmm_va_release(mp_vmm *v, void *base, size_t size);
 int mp_vmm_map(mp_vmm *v, void *addr, size_t bytes);
+int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes);
 int mp_vmm_unmap(mp_vmm *v, void *addr, size_t bytes, int keep);
 void mp_vmm_counts(const mp_vmm *v, mp_chunk_counts *out);
 

@@ -70,6 +70,11 @@ typedef struct mp_source_ops {
    * kept memory (unmap with keep) before it creates new memory.  On
    * failure nothing of the run is mapped.  MAGPOOL_ENOMEM or ECUDA. */
   int (*map)(void *ctx, void *addr, size_t bytes);
+  /* As map, but with one piece of memory for the whole run (a chunk of
+   * the driver's cost per chunk: docs/design.md, "What it costs"), which
+   * can only go back whole: every later unmap of it names exactly this
+   * run, with keep == 0.  Never uses kept memory.  NULL: map only. */
+  int (*map_group)(void *ctx, void *addr, size_t bytes);
   /* Takes the memory of [addr, addr + bytes) away (whole mapped chunks).
    * keep != 0: the memory stays with the source for the next map (a move
    * costs no create); keep == 0: it is freed. */
@@ -144,6 +149,10 @@ typedef struct mp_region {
  *       of the accounts' held; stats.c checks it: no shared counter on
  *       the take and give paths)
  *   C5  pool->reserved == nmapped * chunk
+ *   C6  the mapped chunks are tiled by groups (gfirst, glen): each of
+ *       1..MP_CHUNK_GROUP chunks in one MP_CHUNK_GROUP-aligned window,
+ *       all MAPPED, mapped by one source call and unmapped whole (one
+ *       piece of memory where the source has map_group)
  * The one race that matters, a take that finds a chunk MAPPED against an
  * unmap that finds it empty, is a store-buffer pattern made safe by
  * seq_cst on both sides (chunk.c). */
@@ -182,6 +191,7 @@ typedef struct mp_chunks {
   _Atomic uint32_t *ext;
   _Atomic uint8_t *state;
   _Atomic uint64_t *mapped; /* written under lock; runs.c reads it    */
+  uint32_t *gfirst, *glen;  /* under lock: a mapped chunk's group      */
   _Atomic uint64_t nmapped; /* written under lock                       */
   _Atomic uint64_t nbusy;
   _Atomic uint64_t hwm;     /* high-water mark of nbusy                 */

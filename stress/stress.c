@@ -2,7 +2,11 @@
  *
  *   magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]
  *                  [--pool-mb M] [--exit-every N] [--churn]
- *                  [--destroy-rounds R]
+ *                  [--destroy-rounds R] [--grow-from G]
+ *
+ * --grow-from G: the pool starts at G MiB and grows up to M (max_pool_size),
+ * so chunks are mapped by growth (in groups) and unmapped by moves; the end
+ * check then wants G MiB reserved after trim.
  *
  * T worker slots each run a thread that, until time is up, allocates blocks
  * of random sizes (log-uniform, 64 B .. 1 MiB; with --streams, 1 in 32
@@ -247,6 +251,7 @@ static struct {
   uint64_t seed;
   unsigned streams;
   size_t pool_mb;
+  size_t grow_from_mb; /* 0: a fixed pool of pool_mb */
   uint64_t exit_every;
   bool churn;
   unsigned destroy_rounds;
@@ -1106,12 +1111,14 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]\n"
           "                      [--pool-mb M] [--exit-every N] [--churn]\n"
-          "                      [--destroy-rounds R]\n"
+          "                      [--destroy-rounds R] [--grow-from G]\n"
           "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n"
           "--churn (needs K > 0): K more streams, handed from worker to worker,\n"
           "released, destroyed and created anew while the workers run\n"
           "--destroy-rounds R (default 0): R times, a fresh pool destroyed while\n"
-          "the threads that used it exit, next to the workers\n",
+          "the threads that used it exit, next to the workers\n"
+          "--grow-from G (default 0: off): a pool of G MiB growing up to M MiB\n"
+          "(chunks mapped by growth, in groups, and unmapped by moves)\n",
           DEFAULT_THREADS, DEFAULT_SECONDS, DEFAULT_SEED, DEFAULT_POOL_MB,
           DEFAULT_EXIT_EVERY);
 }
@@ -1161,6 +1168,9 @@ static void parse_args(int argc, char **argv) {
     } else if (strcmp(a, "--pool-mb") == 0) {
       ok = parse_u64(v, 4, (uint64_t)1 << 20, &x);
       g_opt.pool_mb = (size_t)x;
+    } else if (strcmp(a, "--grow-from") == 0) {
+      ok = parse_u64(v, 0, (uint64_t)1 << 20, &x);
+      g_opt.grow_from_mb = (size_t)x;
     } else if (strcmp(a, "--destroy-rounds") == 0) {
       ok = parse_u64(v, 0, 1000000, &x);
       g_opt.destroy_rounds = (unsigned)x;
@@ -1178,6 +1188,12 @@ static void parse_args(int argc, char **argv) {
       exit(2);
     }
     i++;
+  }
+  if (g_opt.grow_from_mb != 0 &&
+      (g_opt.grow_from_mb > g_opt.pool_mb || g_opt.grow_from_mb % 2 != 0 || g_opt.pool_mb % 2 != 0)) {
+    fprintf(stderr, "magpool-stress: --grow-from G needs G <= M, both even (2 MiB chunks)\n");
+    usage(stderr);
+    exit(2);
   }
   if (g_opt.churn && g_opt.streams == 0) {
     fprintf(stderr, "magpool-stress: --churn needs --streams K (K > 0)\n");
@@ -1264,7 +1280,12 @@ static void setup(slot *ms) {
   magpool_config_t cfg;
   magpool_config_init(&cfg);
   cfg.pool_size = g_opt.pool_mb << 20;
-  g_pool_size = cfg.pool_size;
+  g_pool_size = cfg.pool_size; /* the cap: what the window covers */
+  if (g_opt.grow_from_mb != 0) {
+    cfg.pool_size = g_opt.grow_from_mb << 20;
+    cfg.allow_growth = 1;
+    cfg.max_pool_size = g_opt.pool_mb << 20;
+  }
   int rc = magpool_create(&cfg, &g_pool);
   if (rc != 0) {
     fprintf(stderr, "magpool-stress: magpool_create(%zu MiB): %s\n", g_opt.pool_mb,
@@ -1420,6 +1441,8 @@ static uint64_t conservation(counters *tot) {
          st.used_bytes, st.requested_bytes, st.reserved_bytes, st.peak_used_bytes,
          st.cached_bytes, st.pending_bytes, st.free_bytes, st.largest_free_block,
          st.alloc_count, st.free_count, st.live_count);
+  printf("stress: chunks mapped %" PRIu64 ", unmapped %" PRIu64 ", moved %" PRIu64 "\n",
+         st.chunk_maps, st.chunk_unmaps, st.chunk_moves);
   if (st.used_bytes != 0 || st.live_count != 0 || st.requested_bytes != 0) {
     printf("LOST: %zu bytes (%zu requested) in %" PRIu64
            " allocations still counted live after everything was freed\n",
@@ -1436,8 +1459,10 @@ static uint64_t conservation(counters *tot) {
            st.pending_bytes);
     lost += st.pending_bytes;
   }
-  if (st.reserved_bytes != g_pool_size)
-    violation("reserved_bytes %zu, want the pool size %zu", st.reserved_bytes, g_pool_size);
+  /* After trim: the pool size (a growing pool's initial size). */
+  size_t want = g_opt.grow_from_mb != 0 ? g_opt.grow_from_mb << 20 : g_pool_size;
+  if (st.reserved_bytes != want)
+    violation("reserved_bytes %zu, want the pool size %zu", st.reserved_bytes, want);
   if (lost == 0 && st.free_bytes != st.reserved_bytes) {
     printf("LOST: free_bytes %zu != reserved_bytes %zu with nothing live, cached or pending\n",
            st.free_bytes, st.reserved_bytes);
@@ -1525,6 +1550,7 @@ int main(int argc, char **argv) {
     sl->held = -1;
   }
 
+  if (g_opt.grow_from_mb != 0) printf("stress: growing from %zu MiB\n", g_opt.grow_from_mb);
   printf("stress: pool %zu MiB, %u threads, %u s, seed %" PRIu64
          ", %u streams%s%s, window %zu blocks/thread, exit every %" PRIu64 " ops%s\n",
          g_opt.pool_mb, g_opt.threads, g_opt.seconds, g_opt.seed, g_opt.streams,

@@ -35,6 +35,8 @@
 #   tsan-build    build-tsan/, MAGPOOL_SANITIZE=thread, target magpool-stress
 #   tsan-stress   magpool-stress --threads 4 --seconds 20 --seed 1 --streams 4
 #                 --churn --destroy-rounds 20 under TSan
+#   tsan-stress-growth  magpool-stress --grow-from 16 --pool-mb 64 (chunk
+#                 groups and moves) under TSan
 #   asan-build    build-asan/, ASan + UBSan, CUDA off, everything
 #   asan-ctest    every test (Criterion, stress, bench smoke) under
 #                 ASan + UBSan
@@ -272,6 +274,9 @@ if [[ $quick -eq 0 ]]; then
   step debug-ctest "run every test with MAGPOOL_DEBUG=2" run_ctest "$b-debug"
   stress_limit=300
   stress_steps tsan --threads 4 --seconds 20 --seed 1 --streams 4 --churn --destroy-rounds 20
+  # A growing pool: chunks mapped in groups by growth, unmapped by moves.
+  step tsan-stress-growth "magpool-stress on a pool growing from 16 to 64 MiB, tsan" \
+    stress_run tsan --threads 4 --seconds 15 --seed 2 --streams 4 --grow-from 16 --pool-mb 64
   step asan-build "build everything with ASan + UBSan (CUDA off)" asan_build
   step asan-ctest "run every test under ASan + UBSan" run_ctest "$b-asan"
   step fuzz "build the libFuzzer harness with clang and fuzz for ${FUZZ_SECONDS:-60} s" fuzz_step

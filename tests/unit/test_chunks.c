@@ -14,8 +14,16 @@
  *   races::unmap_sees_a_late_take       trim stopped with the chunk marked
  *        UNMAPPING (MP_HOOK_CHUNK_UNMAP) while a take counts it busy: the
  *        unmap backs off, and the take gets mapped memory
+ *   chunks::growth_maps_groups          growth maps MP_CHUNK_GROUP-aligned
+ *        groups, unmapped only whole; a move maps a chunk each
+ *   races::group_take_counted_before_unmap   as the first race, but the
+ *        take counts one chunk of a group and trim looks at another: the
+ *        whole group stays mapped
+ *   races::group_unmap_sees_a_late_take      as the second, across a
+ *        group: trim stopped with every chunk of the group UNMAPPING, a
+ *        take counts another chunk of it: the unmap backs off for all
  *
- * Every test ends with magpool_check (tree, chunk map C1-C5, runs).
+ * Every test ends with magpool_check (tree, chunk map C1-C6, runs).
  * Internal headers: links the static archive.
  */
 #define _GNU_SOURCE
@@ -227,6 +235,140 @@ Test(races, unmap_sees_a_late_take) {
   cr_assert_eq(magpool_free(pool, t.got), 0);
   cr_assert_eq(magpool_free(pool, x), 0);
   cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+/* ================================================================ groups */
+
+static uint64_t chunk_index(magpool_t *pool, const void *p) {
+  return (uint64_t)((const char *)p - pool->chunks->base) >> pool->chunks->shift;
+}
+
+/* Chunk 0 (pool_size) holds *x, so that trim finds no other empty chunk;
+ * a run of MP_CHUNK_GROUP chunks mapped by growth, then freed: one empty
+ * group above pool_size.  Returns its first chunk's index. */
+static uint64_t empty_group_above(magpool_t *pool, void **x) {
+  mp_chunks *c = pool->chunks;
+  *x = magpool_alloc(pool, 1 * MiB);
+  cr_assert_not_null(*x);
+  void *b = magpool_alloc(pool, MP_CHUNK_GROUP * CHUNK);
+  cr_assert_not_null(b);
+  uint64_t g = chunk_index(pool, b);
+  cr_assert_eq(g % MP_CHUNK_GROUP, 0, "the run does not start a group window");
+  cr_assert_eq(c->glen[g], MP_CHUNK_GROUP, "growth mapped %u chunks as one group, not %u",
+               c->glen[g], MP_CHUNK_GROUP);
+  for (uint64_t k = g; k < g + MP_CHUNK_GROUP; k++) cr_assert_eq(c->gfirst[k], g);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, b), 0);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, (1 + MP_CHUNK_GROUP) * CHUNK);
+  return g;
+}
+
+typedef struct taker2 {
+  magpool_t *pool;
+  void *got;
+  int stop;
+} taker2;
+
+/* One chunk's run: lands in the empty group (mapped chunks first). */
+static void *take_chunk(void *arg) {
+  taker2 *t = arg;
+  race_stop_me = t->stop;
+  t->got = magpool_alloc(t->pool, CHUNK);
+  if (t->got != NULL) memset(t->got, 7, CHUNK); /* faults if unmapped */
+  return NULL;
+}
+
+Test(chunks, growth_maps_groups) {
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  void *x;
+  uint64_t g = empty_group_above(pool, &x);
+  /* Trim unmaps the group whole: one source call, every chunk of it. */
+  uint64_t unmaps = mpt_stats(pool).chunk_unmaps;
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(mpt_stats(pool).chunk_unmaps - unmaps, MP_CHUNK_GROUP);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 2 * MiB);
+  for (uint64_t k = g; k < g + MP_CHUNK_GROUP; k++)
+    cr_assert_eq(mp_load_relaxed(&pool->chunks->state[k]), MP_CHUNK_UNMAPPED);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  mpt_pool_done(pool);
+
+  /* Under a cap of pool_size, every chunk beyond it comes by a move: a
+   * chunk each, so that moves unmap what they map. */
+  pool = chunked_pool(8 * MiB, 8 * MiB);
+  void *a = magpool_alloc(pool, 4 * MiB), *b = magpool_alloc(pool, 4 * MiB);
+  cr_assert(a != NULL && b != NULL);
+  cr_assert_eq(magpool_free(pool, a), 0);
+  cr_assert_eq(magpool_free(pool, b), 0);
+  void *r = magpool_alloc(pool, 6 * MiB);
+  cr_assert_not_null(r);
+  for (uint64_t k = chunk_index(pool, r), n = 0; n < 3; k++, n++)
+    cr_assert_eq(pool->chunks->glen[k], 1, "a chunk mapped by a move is in a group");
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 8 * MiB);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, r), 0);
+  mpt_pool_done(pool);
+}
+
+Test(races, group_take_counted_before_unmap) {
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  void *x;
+  uint64_t g = empty_group_above(pool, &x);
+  race_chunk = pool->chunks->base + (g << pool->chunks->shift);
+  race_point = MP_HOOK_CHUNK_TAKE;
+  mp_hook_set(race_hook);
+  taker2 t = {pool, NULL, 1};
+  pthread_t th;
+  pthread_create(&th, NULL, take_chunk, &t);
+  flag_wait(&race_stopped); /* chunk g counted busy, its state not read */
+  uint64_t unmaps = mpt_stats(pool).chunk_unmaps;
+  cr_assert_eq(magpool_trim(pool), 0); /* the group's other chunks are empty */
+  cr_assert_eq(mpt_stats(pool).chunk_unmaps, unmaps, "trim unmapped part of a group in use");
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, (1 + MP_CHUNK_GROUP) * CHUNK);
+  flag_set(&race_resume);
+  pthread_join(th, NULL);
+  race_reset();
+  cr_assert_not_null(t.got);
+  cr_assert_eq(chunk_index(pool, t.got), g);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, t.got), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+Test(races, group_unmap_sees_a_late_take) {
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  mp_chunks *c = pool->chunks;
+  void *x;
+  uint64_t g = empty_group_above(pool, &x);
+  /* Trim looks at the highest chunk first: the group's last. */
+  race_chunk = c->base + ((g + MP_CHUNK_GROUP - 1) << c->shift);
+  race_point = MP_HOOK_CHUNK_UNMAP;
+  mp_hook_set(race_hook);
+  pthread_t tr, th;
+  pthread_create(&tr, NULL, trim_it, pool);
+  flag_wait(&race_stopped); /* every chunk of the group UNMAPPING */
+  for (uint64_t k = g; k < g + MP_CHUNK_GROUP; k++)
+    cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_UNMAPPING);
+  taker2 t = {pool, NULL, 0};
+  pthread_create(&th, NULL, take_chunk, &t);
+  /* The take counts the group's first chunk busy, sees it is not MAPPED,
+   * and waits for the lock the stopped unmap holds. */
+  while (mp_load_seq_cst(&c->busy[g]) == 0) sched_yield();
+  flag_set(&race_resume);
+  pthread_join(tr, NULL);
+  pthread_join(th, NULL);
+  race_reset();
+  cr_assert_not_null(t.got);
+  cr_assert_eq(chunk_index(pool, t.got), g);
+  for (uint64_t k = g; k < g + MP_CHUNK_GROUP; k++)
+    cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_MAPPED);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, t.got), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
   mpt_assert_all_free(pool);
   mpt_pool_done(pool);
 }
