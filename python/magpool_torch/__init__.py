@@ -7,7 +7,8 @@
 enable(**config) takes any magpool_config_t field (pool_size="1G",
 allow_growth=True, thread_cache_bytes="4M", max_pool_size=..., ...); they
 apply over the MAGPOOL_CONF environment variable, which applies over
-magpool's defaults (the module's own default is allow_growth=1).  kind and
+magpool's defaults (the module's own defaults are allow_growth=1 and
+stream_cache_bytes=1G, for streams that the GPU keeps busy).  kind and
 device are set by the module: one DEVICE pool per GPU, created on the
 first allocation on that GPU.
 
