@@ -3,7 +3,7 @@
  * beside the tree; region.c calls it on every take from and give to the
  * tree of a pool whose source maps on demand.
  *
- * Data and invariants C1-C5: types.h, struct mp_chunks.
+ * Data and invariants C1-C6: types.h, struct mp_chunks.
  *
  * Mapping policy (the "high-water budget"):
  *   - every chunk a block's extent overlaps is busy while the block is
@@ -15,7 +15,11 @@
  *   - a take that needs an unmapped chunk creates memory while the
  *     budget allows, else moves an empty mapped chunk there (unmap with
  *     keep, then map: no create on sources that keep memory);
- *   - empty chunks otherwise stay mapped (a warm pool reuses them with no
+ *   - growth maps the chunks of each MP_CHUNK_GROUP-aligned window as one
+     group, a single piece of memory where the source can (map_group: a
+     quarter of the driver's cost of one handle per chunk), unmapped only
+     whole; pool_size and the chunks a move maps are a chunk each;
+   - empty chunks otherwise stay mapped (a warm pool reuses them with no
  *     call to the source), except above release_threshold at a give, and
  *     at magpool_trim, which unmaps every empty chunk beyond pool_size.
  * So mapped memory never exceeds the pool's peak need in chunks by more
@@ -31,7 +35,9 @@
  * load comes first, and then the take's state load, which follows its RMW,
  * sees UNMAPPING or UNMAPPED and the take waits for the lock and maps the
  * chunk again.  A take never uses memory that an unmap may be taking
- * away.  A give's decrement (seq_cst, so RELEASE) happens after the
+ * away.  A group's unmap marks every chunk of it UNMAPPING before it
+ * re-reads any busy count, so the argument holds for each chunk of the
+ * group, and one busy chunk keeps the whole group.  A give's decrement (seq_cst, so RELEASE) happens after the
  * block's last use, and the unmap's re-read (ACQUIRE) sees it: the user's
  * accesses happen before the unmap.  Only the lock holder changes state
  * and the mapped bitmap; a MAPPED store made under the lock is read by
@@ -469,47 +475,4 @@ void mp_chunks_fini(magpool_t *pool) {
   free(c->lock);
   free(c);
   pool->chunks = NULL;
-}
-
-/* ----------------------------------------------------------------- check */
-
-int mp_chunks_check(magpool_t *pool) {
-  mp_chunks *c = pool->chunks;
-  uint64_t mapped = 0, busy = 0, bits = 0;
-  for (uint64_t i = 0; i < c->n; i++) {
-    uint8_t st = mp_load_relaxed(&c->state[i]);
-    uint32_t b = mp_load_relaxed(&c->busy[i]);
-    bool bit = (mp_load_relaxed(&c->mapped[i / 64]) >> (i % 64)) & 1;
-    if (st == MP_CHUNK_UNMAPPING || bit != (st == MP_CHUNK_MAPPED)) return MAGPOOL_EINVAL;
-    if (b != 0 && st != MP_CHUNK_MAPPED) return MAGPOOL_EINVAL;           /* C1 */
-    if (b > units_per_chunk(pool, c)) return MAGPOOL_EINVAL;
-    if (st == MP_CHUNK_MAPPED) { /* C6 */
-      uint64_t g = c->gfirst[i], n = c->glen[i];
-      if (n == 0 || n > MP_CHUNK_GROUP || g > i || i >= g + n || g / MP_CHUNK_GROUP !=
-          (g + n - 1) / MP_CHUNK_GROUP || c->gfirst[g] != g || c->glen[g] != n)
-        return MAGPOOL_EINVAL;
-      for (uint64_t k = g; k < g + n; k++)
-        if (mp_load_relaxed(&c->state[k]) != MP_CHUNK_MAPPED) return MAGPOOL_EINVAL;
-    }
-    mapped += st == MP_CHUNK_MAPPED;
-    bits += bit;
-    busy += b != 0;
-  }
-  if (mapped != mp_load_relaxed(&c->nmapped) || mapped != bits || mapped > c->cap)
-    return MAGPOOL_EINVAL;                                                /* C2 */
-  if (busy != mp_load_relaxed(&c->nbusy) || busy > mp_load_relaxed(&c->hwm))
-    return MAGPOOL_EINVAL;                                                /* C3 */
-  if (mp_load_relaxed(&pool->reserved) != mapped * c->chunk) return MAGPOOL_EINVAL;   /* C5 */
-  return 0;
-}
-
-uint64_t mp_chunks_out_bytes(const magpool_t *pool) {
-  const mp_chunks *c = pool->chunks;
-  uint64_t units = 0;
-  for (uint64_t i = 0; i < c->n; i++) units += mp_load_relaxed(&c->busy[i]);
-  return units << pool->min_shift;
-}
-
-bool mp_chunks_busy(const magpool_t *pool, uint64_t chunk) {
-  return mp_load_relaxed(&pool->chunks->busy[chunk]) != 0;
 }

@@ -51,6 +51,7 @@ stream_cuda.c   1
 tree.c          2   tree, regions, block header, magazine objects
 region.c        2
 chunk.c         2
+chunk_check.c   2
 runs.c          2
 mag.c           2
 
