@@ -398,9 +398,6 @@ int mp_vmm_map(mp_vmm *v, void *addr, size_t bytes) {
 }
 
 int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) {
-  /* Kept handles (a move's) are used first, a chunk each: a new piece of
-   * memory beside them would leave them held and uncounted. */
-  if (v->nkept != 0) return mp_vmm_map(v, addr, bytes);
   size_t i0;
   vrange *r = find_run(v, addr, bytes, 0, &i0);
   size_t n = bytes >> (r != NULL ? r->shift : 0);
@@ -408,6 +405,11 @@ int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) {
   if (n == 1) return mp_vmm_map(v, addr, bytes);
   int saved, rc = enter(v, &saved);
   if (rc) return rc;
+  /* Kept handles (a move's, which maps what it kept at once, so seldom
+   * any here) are freed: left kept beside a new piece they would be held
+   * and uncounted, and used for this group a chunk each they would make
+   * its unmap several calls, which can fail halfway. */
+  drop_kept(v);
   CUmemGenericAllocationHandle h;
   if ((rc = cu_err(drv.create(&h, bytes, &v->prop, 0))) == 0) {
     v->n.creates++;

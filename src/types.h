@@ -73,7 +73,8 @@ typedef struct mp_source_ops {
   /* As map, but with one piece of memory for the whole run (a chunk of
    * the driver's cost per chunk: docs/design.md, "What it costs"), which
    * can only go back whole: every later unmap of it names exactly this
-   * run, with keep == 0.  Never uses kept memory.  NULL: map only. */
+   * run, with keep == 0.  Frees any kept memory first (a move maps what
+   * it kept before anything else runs).  NULL: map only. */
   int (*map_group)(void *ctx, void *addr, size_t bytes);
   /* Takes the memory of [addr, addr + bytes) away (whole mapped chunks).
    * keep != 0: the memory stays with the source for the next map (a move
