@@ -16,10 +16,10 @@
  *     budget allows, else moves an empty mapped chunk there (unmap with
  *     keep, then map: no create on sources that keep memory);
  *   - growth maps the chunks of each MP_CHUNK_GROUP-aligned window as one
-     group, a single piece of memory where the source can (map_group: a
-     quarter of the driver's cost of one handle per chunk), unmapped only
-     whole; pool_size and the chunks a move maps are a chunk each;
-   - empty chunks otherwise stay mapped (a warm pool reuses them with no
+ *     group, a single piece of memory where the source can (map_group: a
+ *     quarter of the driver's cost of one handle per chunk), unmapped only
+ *     whole; pool_size and the chunks a move maps are a chunk each;
+ *   - empty chunks otherwise stay mapped (a warm pool reuses them with no
  *     call to the source), except above release_threshold at a give, and
  *     at magpool_trim, which unmaps every empty chunk beyond pool_size.
  * So mapped memory never exceeds the pool's peak need in chunks by more
@@ -37,9 +37,10 @@
  * chunk again.  A take never uses memory that an unmap may be taking
  * away.  A group's unmap marks every chunk of it UNMAPPING before it
  * re-reads any busy count, so the argument holds for each chunk of the
- * group, and one busy chunk keeps the whole group.  A give's decrement (seq_cst, so RELEASE) happens after the
- * block's last use, and the unmap's re-read (ACQUIRE) sees it: the user's
- * accesses happen before the unmap.  Only the lock holder changes state
+ * group, and one busy chunk keeps the whole group.  A give's decrement
+ * (seq_cst, so RELEASE) happens after the block's last use, and the
+ * unmap's re-read (ACQUIRE) sees it: the user's accesses happen before
+ * the unmap.  Only the lock holder changes state
  * and the mapped bitmap; a MAPPED store made under the lock is read by
  * takers with seq_cst (ACQUIRE), after the source's map returned.
  */
@@ -87,7 +88,7 @@ static inline void bit_clear(mp_chunks *c, uint64_t i) {
  * MP_CHUNK_GROUP-aligned window) with one source call: one piece of
  * memory if the source can (map_group) and n > 1, else a chunk each.
  * Lock held. */
-static int map_group(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
+static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   mp_chunks *c = pool->chunks;
   const mp_source_ops *src = pool->src;
   bool one = grp && n > 1 && src->map_group != NULL && a >= c->keep;
@@ -124,7 +125,7 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n, bool grp) {
   for (uint64_t a = first, end = first + n; a < end;) {
     uint64_t b = (a / MP_CHUNK_GROUP + 1) * MP_CHUNK_GROUP;
     if (b > end) b = end;
-    int rc = map_group(pool, a, b - a, grp);
+    int rc = map_window(pool, a, b - a, grp);
     if (rc != 0) return rc;
     a = b;
   }
