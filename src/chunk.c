@@ -96,9 +96,10 @@ static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   int rc = one ? src->map_group(pool->src_ctx, addr, n << c->shift)
                : src->map(pool->src_ctx, addr, n << c->shift);
   if (rc != 0) return rc;
+  if (one) c->glen[a] = (uint32_t)n;
   for (uint64_t i = a; i < a + n; i++) {
     c->gfirst[i] = one ? (uint32_t)a : (uint32_t)i;
-    c->glen[i] = one ? (uint32_t)n : 1u;
+    if (!one) c->glen[i] = 1;
     bit_set(c, i);
     mp_store_seq_cst(&c->state[i], MP_CHUNK_MAPPED);
   }
@@ -139,7 +140,7 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n, bool grp) {
 static uint64_t unmap_if_empty(magpool_t *pool, uint64_t i, int keep, uint64_t floor) {
   mp_chunks *c = pool->chunks;
   if (mp_load_relaxed(&c->state[i]) != MP_CHUNK_MAPPED) return 0;
-  uint64_t g = c->gfirst[i], n = c->glen[i];
+  uint64_t g = c->gfirst[i], n = c->glen[g];
   if (mp_load_relaxed(&c->nmapped) < floor + n) return 0;
   for (uint64_t k = g; k < g + n; k++)
     if (mp_load_relaxed(&c->busy[k]) != 0) return 0;
@@ -365,6 +366,16 @@ void mp_chunks_trim(magpool_t *pool) {
 
 /* ------------------------------------------------------------ life cycle */
 
+/* The per-chunk tables (NULL ones too: a failed creation). */
+static void free_tabs(mp_chunks *c) {
+  free(c->gfirst);
+  free(c->glen);
+  free(c->busy);
+  free(c->ext);
+  free((void *)c->state);
+  free((void *)c->mapped);
+}
+
 static size_t pow2_ceil(size_t x) {
   size_t p = 1;
   while (p < x) p <<= 1;
@@ -448,12 +459,7 @@ int mp_chunks_init(magpool_t *pool) {
   }
   return 0;
 fail_tabs:
-  free(c->gfirst);
-  free(c->glen);
-  free(c->busy);
-  free(c->ext);
-  free((void *)c->state);
-  free((void *)c->mapped);
+  free_tabs(c);
   pthread_mutex_destroy(lk);
 fail:
   free(lk);
@@ -466,12 +472,7 @@ void mp_chunks_fini(magpool_t *pool) {
   if (c == NULL) return;
   pool->src->va_release(pool->src_ctx, c->base, c->va_bytes);
   mp_runs_fini(pool);
-  free(c->gfirst);
-  free(c->glen);
-  free(c->busy);
-  free(c->ext);
-  free((void *)c->state);
-  free((void *)c->mapped);
+  free_tabs(c);
   pthread_mutex_destroy(lock_of(c));
   free(c->lock);
   free(c);

@@ -14,9 +14,11 @@ int mp_chunks_check(magpool_t *pool) {
     if (b != 0 && st != MP_CHUNK_MAPPED) return MAGPOOL_EINVAL;           /* C1 */
     if (b > ((uint64_t)1 << (c->shift - pool->min_shift))) return MAGPOOL_EINVAL;
     if (st == MP_CHUNK_MAPPED) { /* C6 */
-      uint64_t g = c->gfirst[i], n = c->glen[i];
-      if (n == 0 || n > MP_CHUNK_GROUP || g > i || i >= g + n || g / MP_CHUNK_GROUP !=
-          (g + n - 1) / MP_CHUNK_GROUP || c->gfirst[g] != g || c->glen[g] != n)
+      uint64_t g = c->gfirst[i];
+      if (g > i || c->gfirst[g] != g) return MAGPOOL_EINVAL;
+      uint64_t n = c->glen[g];
+      if (n == 0 || n > MP_CHUNK_GROUP || i >= g + n ||
+          g / MP_CHUNK_GROUP != (g + n - 1) / MP_CHUNK_GROUP)
         return MAGPOOL_EINVAL;
       for (uint64_t k = g; k < g + n; k++)
         if (mp_load_relaxed(&c->state[k]) != MP_CHUNK_MAPPED) return MAGPOOL_EINVAL;

@@ -192,7 +192,8 @@ typedef struct mp_chunks {
   _Atomic uint32_t *ext;
   _Atomic uint8_t *state;
   _Atomic uint64_t *mapped; /* written under lock; runs.c reads it    */
-  uint32_t *gfirst, *glen;  /* under lock: a mapped chunk's group      */
+  uint32_t *gfirst, *glen;  /* under lock: a mapped chunk's group's
+                               first chunk; glen at that first chunk    */
   _Atomic uint64_t nmapped; /* written under lock                       */
   _Atomic uint64_t nbusy;
   _Atomic uint64_t hwm;     /* high-water mark of nbusy                 */

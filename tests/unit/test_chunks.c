@@ -146,13 +146,14 @@ typedef struct taker {
   magpool_t *pool;
   void *got;
   int stop;
+  size_t size;
 } taker;
 
-static void *take_1mib(void *arg) {
+static void *take_block(void *arg) {
   taker *t = arg;
   race_stop_me = t->stop;
-  t->got = magpool_alloc(t->pool, 1 * MiB);
-  if (t->got != NULL) memset(t->got, 7, 1 * MiB); /* faults if unmapped */
+  t->got = magpool_alloc(t->pool, t->size);
+  if (t->got != NULL) memset(t->got, 7, t->size); /* faults if unmapped */
   return NULL;
 }
 
@@ -188,9 +189,9 @@ Test(races, take_counted_before_unmap) {
   race_chunk = empty_chunk_above(pool, &x, &y);
   race_point = MP_HOOK_CHUNK_TAKE;
   mp_hook_set(race_hook);
-  taker t = {pool, NULL, 1};
+  taker t = {pool, NULL, 1, 1 * MiB};
   pthread_t th;
-  pthread_create(&th, NULL, take_1mib, &t);
+  pthread_create(&th, NULL, take_block, &t);
   flag_wait(&race_stopped); /* busy counted, state not read */
   uint64_t unmaps = mpt_stats(pool).chunk_unmaps;
   cr_assert_eq(magpool_trim(pool), 0); /* may unmap only empty chunks */
@@ -219,8 +220,8 @@ Test(races, unmap_sees_a_late_take) {
   pthread_t tr, th;
   pthread_create(&tr, NULL, trim_it, pool);
   flag_wait(&race_stopped); /* the chunk is UNMAPPING, busy not re-read */
-  taker t = {pool, NULL, 0};
-  pthread_create(&th, NULL, take_1mib, &t);
+  taker t = {pool, NULL, 0, 1 * MiB};
+  pthread_create(&th, NULL, take_block, &t);
   /* The take counts the chunk busy, sees it is not MAPPED, and waits for
    * the lock the stopped unmap holds. */
   uint64_t idx = (uint64_t)(race_chunk - pool->chunks->base) >> pool->chunks->shift;
@@ -265,21 +266,6 @@ static uint64_t empty_group_above(magpool_t *pool, void **x) {
   return g;
 }
 
-typedef struct taker2 {
-  magpool_t *pool;
-  void *got;
-  int stop;
-} taker2;
-
-/* One chunk's run: lands in the empty group (mapped chunks first). */
-static void *take_chunk(void *arg) {
-  taker2 *t = arg;
-  race_stop_me = t->stop;
-  t->got = magpool_alloc(t->pool, CHUNK);
-  if (t->got != NULL) memset(t->got, 7, CHUNK); /* faults if unmapped */
-  return NULL;
-}
-
 Test(chunks, growth_maps_groups) {
   magpool_t *pool = chunked_pool(2 * MiB, 0);
   void *x;
@@ -319,9 +305,10 @@ Test(races, group_take_counted_before_unmap) {
   race_chunk = pool->chunks->base + (g << pool->chunks->shift);
   race_point = MP_HOOK_CHUNK_TAKE;
   mp_hook_set(race_hook);
-  taker2 t = {pool, NULL, 1};
+  /* One chunk's run: lands in the empty group (mapped chunks first). */
+  taker t = {pool, NULL, 1, CHUNK};
   pthread_t th;
-  pthread_create(&th, NULL, take_chunk, &t);
+  pthread_create(&th, NULL, take_block, &t);
   flag_wait(&race_stopped); /* chunk g counted busy, its state not read */
   uint64_t unmaps = mpt_stats(pool).chunk_unmaps;
   cr_assert_eq(magpool_trim(pool), 0); /* the group's other chunks are empty */
@@ -353,8 +340,8 @@ Test(races, group_unmap_sees_a_late_take) {
   flag_wait(&race_stopped); /* every chunk of the group UNMAPPING */
   for (uint64_t k = g; k < g + MP_CHUNK_GROUP; k++)
     cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_UNMAPPING);
-  taker2 t = {pool, NULL, 0};
-  pthread_create(&th, NULL, take_chunk, &t);
+  taker t = {pool, NULL, 0, CHUNK};
+  pthread_create(&th, NULL, take_block, &t);
   /* The take counts the group's first chunk busy, sees it is not MAPPED,
    * and waits for the lock the stopped unmap holds. */
   while (mp_load_seq_cst(&c->busy[g]) == 0) sched_yield();
