@@ -28,7 +28,7 @@ const char *const replay_mode_names[2] = {"sync", "async"};
 static const char usage_text[] =
     "usage: magpool-replay TRACE... [--kind host|device|pinned] [--mode sync|async]\n"
     "           [--allocator magpool|cudaMallocAsync|cudaMalloc|cub|all]\n"
-    "           [--pool-size B] [--cap B] [--passes N] [--csv FILE]\n"
+    "           [--pool-size B] [--cap B] [--passes N] [--csv FILE] [--stats]\n"
     "\n"
     "Replays each TRACE (text or gzip: `a ID SIZE STREAM` / `f ID STREAM` lines)\n"
     "from one thread, in trace order, and prints for every pass\n"
@@ -50,6 +50,10 @@ static const char usage_text[] =
     "                 allocator,trace,pass.  Reading the footprint at every\n"
     "                 event slows the passes: their ns_per_event is then not\n"
     "                 a measurement of the allocator\n"
+    "  --stats        after each magpool pass, a line\n"
+    "                   STATS trace=NAME allocator=magpool mode=M pass=P grows=N\n"
+    "                   chunk_maps=N chunk_unmaps=N chunk_moves=N\n"
+    "                 (that pass's growths and chunk calls, magpool_stats_t)\n"
     "  -h, --help     this text\n"
     "B takes a suffix K, M or G (powers of 1024), or is plain bytes.\n";
 
@@ -112,6 +116,7 @@ int main(int argc, char **argv) {
       {"allocator", required_argument, NULL, 'a'}, {"pool-size", required_argument, NULL, 's'},
       {"cap", required_argument, NULL, 'c'},       {"passes", required_argument, NULL, 'p'},
       {"csv", required_argument, NULL, 'o'},       {"help", no_argument, NULL, 'h'},
+      {"stats", no_argument, NULL, 'S'},
       {NULL, 0, NULL, 0}};
   opterr = 0;
   int c;
@@ -153,6 +158,7 @@ int main(int argc, char **argv) {
         break;
       }
       case 'o': csv_path = optarg; break;
+      case 'S': o.stats = 1; break;
       case 'h': fputs(usage_text, stdout); return 0;
       default:
         usage_error("bad option `%s`", argv[optind - 1 > 0 ? optind - 1 : 0]);
@@ -209,6 +215,12 @@ int main(int argc, char **argv) {
                t.name, replay_alloc_names[a], replay_mode_names[mode], p + 1,
                (unsigned long long)r[p].peak_live, (unsigned long long)r[p].peak_reserved,
                ratio(&r[p]), ns_per_event(&r[p]), rbuf);
+        if (o.stats && a == REPLAY_MAGPOOL)
+          printf("STATS trace=%s allocator=magpool mode=%s pass=%d grows=%llu chunk_maps=%llu "
+                 "chunk_unmaps=%llu chunk_moves=%llu\n",
+                 t.name, replay_mode_names[mode], p + 1, (unsigned long long)r[p].grows,
+                 (unsigned long long)r[p].chunk_maps, (unsigned long long)r[p].chunk_unmaps,
+                 (unsigned long long)r[p].chunk_moves);
       }
       fflush(stdout);
     }

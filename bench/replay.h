@@ -78,6 +78,7 @@ typedef struct replay_opts {
   size_t cap;
   int passes;
   FILE *csv;             /* NULL: no per-event rows                       */
+  int stats;             /* --stats: a STATS line after each magpool pass */
 } replay_opts;
 
 /* The outcome of one pass. */
@@ -95,6 +96,8 @@ typedef struct replay_result {
   uint64_t peak_reserved;  /* bytes the allocator held at most, this pass */
   uint64_t events;         /* events issued (the failed one included)     */
   uint64_t ns;             /* wall time of the events                     */
+  /* magpool only, this pass's share of the pool's counters (--stats). */
+  uint64_t grows, chunk_maps, chunk_unmaps, chunk_moves;
 } replay_result;
 
 /* A runner replays trace t `o->passes` times and fills res[0 .. passes-1].

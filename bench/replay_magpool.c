@@ -141,6 +141,8 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
     replay_result *r = &res[p];
     memset(r, 0, sizeof *r);
     magpool_reset_peaks(pool);
+    magpool_stats_t s0;
+    if (magpool_get_stats(pool, &s0) != 0) memset(&s0, 0, sizeof s0);
     if (async) {
       if (o->csv) mp_pass(t, pool, st, ptrs, 1, o->csv, p + 1, r);
       else mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r);
@@ -149,7 +151,13 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
       else mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r);
     }
     magpool_stats_t s;
-    if (magpool_get_stats(pool, &s) == 0) r->peak_reserved = s.peak_reserved_bytes;
+    if (magpool_get_stats(pool, &s) == 0) {
+      r->peak_reserved = s.peak_reserved_bytes;
+      r->grows = s.grow_count - s0.grow_count;
+      r->chunk_maps = s.chunk_maps - s0.chunk_maps;
+      r->chunk_unmaps = s.chunk_unmaps - s0.chunk_unmaps;
+      r->chunk_moves = s.chunk_moves - s0.chunk_moves;
+    }
     if (r->status == REPLAY_ERROR)
       fprintf(stderr, "magpool-replay: %s: magpool, event %zu: %s\n", t->name, r->fail_event,
               magpool_strerror(replay_is_free(t->ev[r->fail_event]) ? MAGPOOL_EINVAL

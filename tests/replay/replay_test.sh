@@ -10,7 +10,9 @@
 #   out by hand in the trace's comments) and peak_reserved >= peak_live;
 #   the same trace gzipped gives the same peak_live; a cap below the peak
 #   ends each pass with oom@K at or before event 12 (the 256 KiB request
-#   that cannot fit beside what is live); a bad argument exits 2.
+#   that cannot fit beside what is live); with --stats, one STATS line per
+#   pass in its format, and the default 64 MiB pool, which holds the trace,
+#   neither grows nor maps a chunk; a bad argument exits 2.
 # footprint: the three recorded traces on a HOST pool, sync and async,
 #   2 passes: every pass completes and its ratio is within the trace's
 #   bound (gpt2_train_small 1.10, resnet50_train 1.05,
@@ -70,6 +72,16 @@ smoke)
       [ "$k" -le 12 ] || fail "oom at event $k, after event 12"
     done
     [ "$(printf '%s\n' "$out" | grep -c '^REPLAY .* result=oom@')" -eq 2 ] || fail "cap: no oom in a pass"
+  done
+  sre='^STATS trace=tiny allocator=magpool mode=(sync|async) pass=[12] grows=[0-9]+ chunk_maps=[0-9]+ chunk_unmaps=[0-9]+ chunk_moves=[0-9]+$'
+  for m in sync async; do
+    run "$dir/tiny.trace" --kind host --mode "$m" --stats
+    check_lines 2
+    [ "$(printf '%s\n' "$out" | grep -Ec "$sre")" -eq 2 ] || fail "--stats: not 2 STATS lines, $m"
+    printf '%s\n' "$out" | grep '^STATS ' | while read -r line; do
+      [ "$(field grows "$line")" = 0 ] && [ "$(field chunk_maps "$line")" = 0 ] ||
+        echo "FAIL: a 64 MiB pool grew or mapped for tiny: $line"
+    done | grep FAIL && fail "--stats, $m"
   done
   "$bin" "$dir/tiny.trace" --kind nowhere > /dev/null 2>&1
   [ $? -eq 2 ] || fail "a bad --kind does not exit 2"
