@@ -132,7 +132,8 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot 
     return 0;
   /* Not in the slot: the stream's park, reusable at once by any thread's
    * allocations on s, retired in batches. */
-  if (sl != NULL && mp_park_put(pool, sl->e, s, p, order)) return 0;
+  int passed = -1;
+  if (sl != NULL && mp_park_put(pool, sl->e, s, p, order, &passed)) return 0;
   /* Unparked: retire this block alone. */
   mp_mag *m = mp_mag_new(pool, order);
   if (m == NULL) { /* no host memory: wait for the stream instead */
@@ -143,7 +144,7 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot 
   m->slot[0] = p;
   m->count = 1;
   mp_store_relaxed(&m->next, NULL);
-  mp_retire_chain(pool, sl != NULL ? &sl->e->pending : NULL, s, m);
+  mp_retire_chain(pool, sl != NULL ? &sl->e->pending : NULL, s, m, passed);
   return 0;
 }
 

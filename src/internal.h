@@ -289,13 +289,13 @@ void mp_mags_destroy(magpool_t *pool);
 /* ---------------------------------------------------------------- retire.c */
 
 /* Queues the magazines of `chain` behind all work enqueued on stream h so
- * far: one callback for the chain.  `pending` (or NULL) counts the batch
- * for its stream entry.  If the callback cannot be enqueued it waits for
- * the stream and makes the batch ready at once; the blocks are accounted
- * for either way.  Any thread; no lock needed (a caller that holds the
- * entry lock keeps h alive).  RELEASE (the stream op): the caller's
- * writes happen before the callback. */
-void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain);
+ * far: one callback, or none if h has passed them (`passed`: -1 ask h, 0
+ * it has not, 1 it has).  `pending` (or NULL) counts the batch for its
+ * entry.  If no callback can be enqueued it waits for the stream.  Any
+ * thread, no lock (an entry lock holder keeps h alive).  RELEASE: the
+ * caller's writes happen before the callback. */
+void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain,
+                     int passed);
 /* Gives every ready batch's blocks to the trees (lazy coalescing of stream
  * frees).  a may be NULL.  Any thread, concurrently with itself and with
  * callbacks: it takes the whole list with one ACQUIRE exchange.  Returns

@@ -55,11 +55,12 @@ static void batch_done(void *arg, int status) {
   mp_fetch_add_acq_rel(&rt->pending_batches, -1);
 }
 
-void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain) {
+void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain,
+                     int passed) {
   mp_retire *rt = &pool->retire;
   /* A stream that has finished everything queued on it has passed these
    * frees already: the blocks go to the trees now, no batch. */
-  bool passed = pool->sops->idle != NULL && pool->sops->idle(pool->src_ctx, h) == 1;
+  if (passed < 0) passed = pool->sops->idle != NULL && pool->sops->idle(pool->src_ctx, h) == 1;
   mp_batch *b = passed ? NULL : malloc(sizeof *b);
   if (b == NULL) { /* passed, or no host memory: wait for the stream, then free */
     if (!passed) pool->sops->sync(pool->src_ctx, h);

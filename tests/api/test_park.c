@@ -289,3 +289,53 @@ Test(park, a_free_on_a_passed_stream_is_not_pending, .timeout = 60) {
   cr_assert_eq(st.free_bytes, PS);
   finish(pool, PS, &S, 1);
 }
+
+/* A block over the park's budget (with the defaults and a 64 MiB pool,
+ * 8 MiB for blocks above the stream caches' sizes) freed on a stream that
+ * has finished all its work is already passed: it goes to the tree at
+ * once, as a synchronous free's would, and the synchronous API has it.
+ * Parked, it would keep its chunks busy until the next park retired it. */
+Test(park, an_over_budget_free_on_a_passed_stream_goes_to_the_tree, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t S = stream_new();
+  void *x = magpool_alloc_async(pool, 16 * MiB, S);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, 0, "a 16 MiB free on passed S was parked (%zu)", st.cached_bytes);
+  cr_assert_eq(st.pending_bytes, 0, "a free on passed S is pending (%zu)", st.pending_bytes);
+  cr_assert_eq(st.used_bytes, 0);
+  mpt_assert_conserved(pool);
+  void *y = magpool_alloc(pool, 16 * MiB);
+  cr_assert_eq(y, x, "the synchronous API did not get the run freed on passed S");
+  cr_assert_eq(magpool_free(pool, y), 0);
+  finish(pool, PS, &S, 1);
+}
+
+/* The same free with S blocked: S has not passed it, so the block is
+ * parked alone (over the budget), and S's next request of its size, from
+ * this thread, reuses it at once: no retire, nothing pending. */
+Test(park, an_over_budget_free_on_a_blocked_stream_is_parked, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(S, gate_task, &g);
+  gate_wait_entered(&g);
+  void *x = magpool_alloc_async(pool, 16 * MiB, S);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, 16 * MiB, "the 16 MiB run was not parked on blocked S");
+  cr_assert_eq(st.pending_bytes, 0);
+  void *y = magpool_alloc_async(pool, 16 * MiB, S);
+  cr_assert_eq(y, x, "S's next 16 MiB request did not reuse the parked run");
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  finish(pool, PS, &S, 1);
+}
