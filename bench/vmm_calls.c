@@ -20,6 +20,12 @@
  *   move              unmap with keep of one chunk + map of one chunk
  *                     elsewhere (takes the kept memory, sets access)
  *   src_unmap_free    unmap without keep, per chunk
+ * and, per call rather than per chunk, on a non-blocking stream with no
+ * work queued (what an async free or a retire asks of its stream):
+ *   stream_query      cudaStreamQuery
+ *   stream_capturing  cudaStreamIsCapturing (capture_check, every free)
+ *   stream_idle       the CUDA stream op `idle` (stream_cuda.c: the
+ *                     guards and the query), once per retire
  *
  * Each row runs R rounds of N chunks (default 64 x 5) and prints the
  * median round:  SUMMARY vmm call=NAME us_per_chunk=X
@@ -67,6 +73,15 @@ static void lookup(const char *name, void **fn) {
       exit(1);                                                                  \
     }                                                                           \
   } while (0)
+#define CUDA(x)                                                                 \
+  do {                                                                          \
+    cudaError_t e_ = (x);                                                       \
+    if (e_ != cudaSuccess) {                                                    \
+      fprintf(stderr, "magpool-vmm-calls: %s:%d: %s: %s\n", __FILE__, __LINE__, \
+              #x, cudaGetErrorName(e_));                                        \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
 #define MP(x)                                                                   \
   do {                                                                          \
     int rc_ = (x);                                                              \
@@ -86,13 +101,14 @@ static double now_us(void) {
 enum { R_CREATE, R_MAP, R_ACC1, R_ACC16, R_UNMAP, R_RELEASE,
        R_SNEW, R_SKEEP, R_SKEPT, R_MOVE, R_SFREE,
        R_BCREATE, R_BMAP, R_BACC, R_BUNMAP, R_BRELEASE,
-       R_QCREATE, R_QMAP, R_QACC, R_QUNMAP, R_QRELEASE, R_SGMAP, R_SGUNMAP, NROWS };
+       R_QCREATE, R_QMAP, R_QACC, R_QUNMAP, R_QRELEASE, R_SGMAP, R_SGUNMAP,
+       R_SQUERY, R_SCAPT, R_SIDLE, NROWS };
 static const char *row_name[NROWS] = {
   "create", "map", "access_chunk", "access_run16", "unmap", "release",
   "src_map_new16", "src_unmap_keep", "src_map_kept16", "move", "src_unmap_free",
   "create_handle16", "map_handle16", "access_handle16", "unmap_handle16", "release_handle16",
   "create_handle4", "map_handle4", "access_handle4", "unmap_handle4", "release_handle4",
-  "src_map_group", "src_unmap_group",
+  "src_map_group", "src_unmap_group", "stream_query", "stream_capturing", "stream_idle",
 };
 static double t[NROWS][MAX_ROUNDS];
 
@@ -194,6 +210,26 @@ static void src_round(int r, void *ctx, char *a, char *b, size_t n) {
   t[R_SFREE][r] = (t5 - t4) / n;
 }
 
+/* One round of the stream calls, n of each, on idle stream s. */
+static void stream_round(int r, cudaStream_t s, size_t n) {
+  enum cudaStreamCaptureStatus st;
+  int idle = 1;
+  double t0 = now_us();
+  for (size_t i = 0; i < n; i++) CUDA(cudaStreamQuery(s));
+  double t1 = now_us();
+  for (size_t i = 0; i < n; i++) CUDA(cudaStreamIsCapturing(s, &st));
+  double t2 = now_us();
+  for (size_t i = 0; i < n; i++) idle &= mp_cuda_stream_ops.idle(NULL, (magpool_stream_t)s);
+  double t3 = now_us();
+  if (!idle) {
+    fprintf(stderr, "magpool-vmm-calls: the stream op says an idle stream is busy\n");
+    exit(1);
+  }
+  t[R_SQUERY][r] = (t1 - t0) / n;
+  t[R_SCAPT][r] = (t2 - t1) / n;
+  t[R_SIDLE][r] = (t3 - t2) / n;
+}
+
 int main(int argc, char **argv) {
   size_t n = 64;
   int rounds = 5, dev = 0;
@@ -249,10 +285,14 @@ int main(int argc, char **argv) {
   char *base = NULL;
   MP(mp_source_device.va_reserve(ctx, span, CHUNK, (void **)&base));
 
+  cudaStream_t s;
+  CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (int r = 0; r < rounds; r++) {
     raw_round(r, dev, va, n, h);
     src_round(r, ctx, base, base + n * CHUNK, n);
+    stream_round(r, s, n);
   }
+  CUDA(cudaStreamDestroy(s));
   mp_chunk_counts c;
   MP(mp_source_chunk_counts(ctx, &c));
   MP(mp_source_device.va_release(ctx, base, span));
