@@ -215,12 +215,13 @@ bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, uns
   if (pool->cfg.stream_cache_bytes == 0) return false;
   mp_park *k = &e->park;
   int64_t b = (int64_t)mp_block_cost(pool, p, order);
-  /* Over its budget, p would be parked alone and retired at the next park.
-   * If s has passed its free, the caller gives it to the trees now
-   * instead: a parked block keeps its chunks busy, so the runs allocated
-   * meanwhile land elsewhere, and a warm pool then moves chunks to follow
-   * them (gpt2_train_small: 441 chunks a warm async pass, none without). */
-  if (b > mp_park_budget(pool, order) && pool->sops->idle != NULL) {
+  /* A run (a chunk or more), or a block over its budget (which would be
+   * parked alone and retired at the next park): if s has passed its free,
+   * the caller gives it to the trees now, as a synchronous free's would.
+   * A parked run keeps its chunks busy, so the runs allocated meanwhile
+   * land elsewhere and a warm pool moves chunks to follow them
+   * (docs/design.md, the park: "Runs on passed streams"). */
+  if ((partial(pool, order) || b > mp_park_budget(pool, order)) && pool->sops->idle != NULL) {
     *passed = pool->sops->idle(pool->src_ctx, s) == 1;
     if (*passed) return false;
   }

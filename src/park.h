@@ -23,12 +23,12 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size);
 /* Parks p (freed on s, e's stream).  If the park would pass its budget
  * (mp_park_budget), its least recently used orders go behind s first, and
  * now and then the orders idle for long (park.c): in one batch (one
- * stream callback); p stays parked.  A block over its budget is parked
- * alone, unless s has passed its free (mp_stream_ops.idle): then it goes
- * to the trees at once, as a synchronous free's would.  false if it could
- * not park p (parking off, the entry released, no magazine): the caller
- * retires p, passing on *passed (what the park learned of s: -1 not
- * asked, 0 not passed).  Any thread freeing on s. */
+ * stream callback); p stays parked (alone if it is over the budget).  A
+ * run (a chunk or more) or a block over the budget is parked only if s
+ * has not passed its free (mp_stream_ops.idle).  false if p was not
+ * parked (s passed it, parking off, the entry released, no magazine): the
+ * caller retires p, passing on *passed (what the park learned of s: -1
+ * not asked, 0 not passed, 1 passed).  Any thread freeing on s. */
 bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order,
                  int *passed);
 /* Parks a chain of full magazines of stream-cached orders (a slot's

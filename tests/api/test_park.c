@@ -207,18 +207,26 @@ Test(park, a_parked_run_serves_only_requests_it_covers, .timeout = 60) {
 }
 
 /* A new peak: an allocation on S that would raise the pool's high-water
- * mark of busy chunks above pool_size.  T's park goes behind T first;
- * T has finished all its work (nothing was ever queued on it), so T has
- * passed the free and the 8 MiB run goes to the trees at once, where S's
- * request finds its chunks: the pool does not grow, nothing is pending. */
+ * mark of busy chunks above pool_size.  T's park goes behind T first.
+ * The 8 MiB run was parked while T was blocked; T has since finished all
+ * its work, so T has passed the free and the run goes to the trees at
+ * once, where S's request finds its chunks: the pool does not grow,
+ * nothing is pending. */
 Test(park, a_new_peak_takes_back_what_a_passed_stream_parked, .timeout = 60) {
   const size_t PS = 64 * MiB;
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
   magpool_stream_t S = stream_new(), T = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(T, gate_task, &g);
+  gate_wait_entered(&g);
   void *fill = magpool_alloc(pool, PS - 8 * MiB);
   void *x = magpool_alloc_async(pool, 8 * MiB, T);
   cr_assert(fill != NULL && x != NULL);
   cr_assert_eq(magpool_free_async(pool, x, T), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(T), 0);
+  gate_done(&g);
   magpool_stats_t st = mpt_stats(pool);
   cr_assert_eq(st.cached_bytes, 8 * MiB, "the 8 MiB run was not parked on T");
   cr_assert_eq(st.pending_bytes, 0);
@@ -290,33 +298,40 @@ Test(park, a_free_on_a_passed_stream_is_not_pending, .timeout = 60) {
   finish(pool, PS, &S, 1);
 }
 
-/* A block over the park's budget (with the defaults and a 64 MiB pool,
- * 8 MiB for blocks above the stream caches' sizes) freed on a stream that
- * has finished all its work is already passed: it goes to the tree at
- * once, as a synchronous free's would, and the synchronous API has it.
- * Parked, it would keep its chunks busy until the next park retired it. */
-Test(park, an_over_budget_free_on_a_passed_stream_goes_to_the_tree, .timeout = 60) {
+/* Runs freed on a stream that has finished all its work are already
+ * passed: they go to the tree at once, as a synchronous free's would, and
+ * the synchronous API has them.  Both kinds: a 4 MiB run (under the
+ * park's budget, with the defaults and a 64 MiB pool 8 MiB for blocks
+ * above the stream caches' sizes) and a 16 MiB one (over it).  Parked,
+ * they would keep their chunks busy. */
+Test(park, runs_freed_on_a_passed_stream_go_to_the_tree, .timeout = 60) {
   const size_t PS = 64 * MiB;
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
   magpool_stream_t S = stream_new();
-  void *x = magpool_alloc_async(pool, 16 * MiB, S);
-  cr_assert_not_null(x);
-  cr_assert_eq(magpool_free_async(pool, x, S), 0);
-  magpool_stats_t st = mpt_stats(pool);
-  cr_assert_eq(st.cached_bytes, 0, "a 16 MiB free on passed S was parked (%zu)", st.cached_bytes);
-  cr_assert_eq(st.pending_bytes, 0, "a free on passed S is pending (%zu)", st.pending_bytes);
-  cr_assert_eq(st.used_bytes, 0);
-  mpt_assert_conserved(pool);
-  void *y = magpool_alloc(pool, 16 * MiB);
-  cr_assert_eq(y, x, "the synchronous API did not get the run freed on passed S");
-  cr_assert_eq(magpool_free(pool, y), 0);
+  const size_t sizes[] = {4 * MiB, 16 * MiB};
+  for (int k = 0; k < 2; k++) {
+    void *x = magpool_alloc_async(pool, sizes[k], S);
+    cr_assert_not_null(x);
+    cr_assert_eq(magpool_free_async(pool, x, S), 0);
+    magpool_stats_t st = mpt_stats(pool);
+    cr_assert_eq(st.cached_bytes, 0, "a %zu B free on passed S was parked (%zu)", sizes[k],
+                 st.cached_bytes);
+    cr_assert_eq(st.pending_bytes, 0, "a free on passed S is pending (%zu)", st.pending_bytes);
+    cr_assert_eq(st.used_bytes, 0);
+    mpt_assert_conserved(pool);
+    void *y = magpool_alloc(pool, sizes[k]);
+    cr_assert_eq(y, x, "the synchronous API did not get the %zu B run freed on passed S",
+                 sizes[k]);
+    cr_assert_eq(magpool_free(pool, y), 0);
+  }
   finish(pool, PS, &S, 1);
 }
 
-/* The same free with S blocked: S has not passed it, so the block is
- * parked alone (over the budget), and S's next request of its size, from
- * this thread, reuses it at once: no retire, nothing pending. */
-Test(park, an_over_budget_free_on_a_blocked_stream_is_parked, .timeout = 60) {
+/* The same frees with S blocked: S has not passed them, so each run is
+ * parked, and S's next request of its size, from this thread, reuses it
+ * at once.  The 16 MiB one is over the budget: it is parked alone, and
+ * the 4 MiB run parked before it goes behind S (pending). */
+Test(park, runs_freed_on_a_blocked_stream_are_parked, .timeout = 60) {
   const size_t PS = 64 * MiB;
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
   magpool_stream_t S = stream_new();
@@ -324,16 +339,21 @@ Test(park, an_over_budget_free_on_a_blocked_stream_is_parked, .timeout = 60) {
   gate_init(&g);
   launch(S, gate_task, &g);
   gate_wait_entered(&g);
-  void *x = magpool_alloc_async(pool, 16 * MiB, S);
-  cr_assert_not_null(x);
-  cr_assert_eq(magpool_free_async(pool, x, S), 0);
-  magpool_stats_t st = mpt_stats(pool);
-  cr_assert_eq(st.cached_bytes, 16 * MiB, "the 16 MiB run was not parked on blocked S");
-  cr_assert_eq(st.pending_bytes, 0);
-  void *y = magpool_alloc_async(pool, 16 * MiB, S);
-  cr_assert_eq(y, x, "S's next 16 MiB request did not reuse the parked run");
-  cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
-  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  const size_t sizes[] = {4 * MiB, 16 * MiB};
+  for (int k = 0; k < 2; k++) {
+    void *x = magpool_alloc_async(pool, sizes[k], S);
+    cr_assert_not_null(x);
+    cr_assert_eq(magpool_free_async(pool, x, S), 0);
+    magpool_stats_t st = mpt_stats(pool);
+    cr_assert_eq(st.cached_bytes, sizes[k], "the %zu B run was not parked on blocked S",
+                 sizes[k]);
+    size_t pend = k == 0 ? 0 : sizes[0];
+    cr_assert_eq(st.pending_bytes, pend, "pending %zu, expected %zu", st.pending_bytes, pend);
+    void *y = magpool_alloc_async(pool, sizes[k], S);
+    cr_assert_eq(y, x, "S's next %zu B request did not reuse the parked run", sizes[k]);
+    cr_assert_eq(mpt_stats(pool).pending_bytes, pend);
+    cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  }
   gate_open(&g);
   cr_assert_eq(magpool_host_stream_sync(S), 0);
   gate_done(&g);
