@@ -25,7 +25,7 @@
 #define MP_CARVE_CHUNK_SHIFT 4 /* a thread-cache refill of a chunked pool
                                    carves at most chunk >> this bytes
                                    (magazine.c, mp_cache_alloc_slow)    */
-#define MP_CHUNK_GROUP 4       /* most chunks mapped as one piece of
+#define MP_CHUNK_GROUP 8       /* most chunks mapped as one piece of
                                    memory (chunk.c, C6)                */
 #define MP_CACHELINE 64
 #define MP_MAG_SLABS_MAX (1u << 20) /* 64 magazines a slab: 2^26 magazines,

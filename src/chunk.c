@@ -16,8 +16,8 @@
  *     budget allows, else moves an empty mapped chunk there (unmap with
  *     keep, then map: no create on sources that keep memory);
  *   - growth maps the chunks of each MP_CHUNK_GROUP-aligned window as one
- *     group, a single piece of memory where the source can (map_group: a
- *     quarter of the driver's cost of one handle per chunk), unmapped only
+ *     group, a single piece of memory where the source can (map_group:
+ *     about an eighth of the driver's cost of a handle per chunk), unmapped only
  *     whole; pool_size and the chunks a move maps are a chunk each;
  *   - empty chunks otherwise stay mapped (a warm pool reuses them with no
  *     call to the source), except above release_threshold at a give, and
