@@ -49,7 +49,8 @@ class _Stats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "allocated_current", "allocated_peak", "reserved_current", "reserved_peak",
         "num_alloc_retries", "num_ooms", "alloc_count", "free_count", "live_count",
-        "pool_created", "grow_count", "alloc_ns", "free_ns", "slow_allocs", "max_alloc_ns")]
+        "pool_created", "grow_count", "alloc_ns", "free_ns", "slow_allocs", "max_alloc_ns",
+        "chunk_maps", "chunk_unmaps", "chunk_moves")]
 
 
 def library_path():
@@ -169,8 +170,10 @@ def memory_stats(device=None):
     blocks), reserved_bytes.all.current/.peak (what the pool took from the
     GPU), num_alloc_retries, num_ooms, allocation.all.current /
     .allocated / .freed (counts); plus magpool.* keys: pool_created,
-    grow_count, and the time spent in the allocator's entry points
-    (alloc_ns, free_ns, slow_allocs over 100 us, max_alloc_ns)."""
+    grow_count, chunk_maps, chunk_unmaps and chunk_moves (the pool's chunk
+    calls, each a driver call of tens of us), and the time spent in the
+    allocator's entry points (alloc_ns, free_ns, slow_allocs over 100 us,
+    max_alloc_ns)."""
     st = _Stats()
     if _load().magpool_torch_get_stats(_device_index(device), ctypes.byref(st)) != 0:
         raise ValueError("magpool_torch.memory_stats: bad device %r" % (device,))
@@ -190,6 +193,9 @@ def memory_stats(device=None):
         "magpool.free_ns": st.free_ns,
         "magpool.slow_allocs": st.slow_allocs,
         "magpool.max_alloc_ns": st.max_alloc_ns,
+        "magpool.chunk_maps": st.chunk_maps,
+        "magpool.chunk_unmaps": st.chunk_unmaps,
+        "magpool.chunk_moves": st.chunk_moves,
     }
 
 

@@ -36,6 +36,9 @@ typedef struct magpool_torch_stats {
   uint64_t free_ns;           /* time spent in magpool_torch_free   */
   uint64_t slow_allocs;       /* allocations that took over 100 us  */
   uint64_t max_alloc_ns;      /* the longest allocation             */
+  uint64_t chunk_maps;        /* the pool's chunk_maps, chunk_unmaps */
+  uint64_t chunk_unmaps;      /* and chunk_moves (magpool_stats_t):  */
+  uint64_t chunk_moves;       /* driver calls of tens of us each     */
 } magpool_torch_stats;
 
 /* The CUDAPluggableAllocator alloc entry point: size bytes on device,

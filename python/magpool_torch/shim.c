@@ -243,6 +243,9 @@ SHIM_API int magpool_torch_get_stats(int device, magpool_torch_stats *out) {
       out->reserved_current = st.reserved_bytes;
       out->reserved_peak = st.peak_reserved_bytes;
       out->grow_count = st.grow_count;
+      out->chunk_maps = st.chunk_maps;
+      out->chunk_unmaps = st.chunk_unmaps;
+      out->chunk_moves = st.chunk_moves;
     }
     out->pool_created = 1;
   }

@@ -203,10 +203,12 @@ def compare(args):
                       reps[0][r]["loss_last"]))
             st = reps[-1][r].get("magpool_stats")
             if st:
-                print("MAGPOOL allocator=%s rank=%d grow_count=%d alloc_ms_per_step=%.2f "
+                print("MAGPOOL allocator=%s rank=%d grow_count=%d chunk_maps=%d chunk_moves=%d "
+                      "alloc_ms_per_step=%.2f "
                       "free_ms_per_step=%.2f slow_allocs=%d max_alloc_ms=%.2f allocs=%d "
                       "first_step_ms=%.1f" % (
-                          alloc, r, st["magpool.grow_count"],
+                          alloc, r, st["magpool.grow_count"], st["magpool.chunk_maps"],
+                          st["magpool.chunk_moves"],
                           st["magpool.alloc_ns"] / 1e6 / args.steps,
                           st["magpool.free_ns"] / 1e6 / args.steps, st["magpool.slow_allocs"],
                           st["magpool.max_alloc_ns"] / 1e6, st["allocation.all.allocated"],

@@ -57,6 +57,8 @@ if p:
     check(st["allocated_bytes.all.current"] == 1000 and st["magpool.pool_created"] == 1,
           "allocation counted: %r" % st)
     check(st["reserved_bytes.all.current"] >= 64 << 20, "the configured pool_size")
+    check(st["magpool.chunk_maps"] >= 32 and st["magpool.chunk_moves"] == 0,
+          "the 64 MiB pool's 32 chunks counted, nothing moved: %r" % st)
     lib.magpool_torch_free(p, 1000, 0, None)
     st = mt.memory_stats(0)
     check(st["allocated_bytes.all.current"] == 0 and st["allocated_bytes.all.peak"] == 1000,
