@@ -112,6 +112,8 @@ enum {
                             block is in, not yet visible to others       */
   MP_HOOK_PARK_TAKE,     /* arg: the mp_park; an allocation holds its
                             lock and has not yet looked                  */
+  MP_HOOK_PARK_IDLE,     /* arg: the mp_park; a free asks its stream
+                            whether it has passed the free             */
   MP_HOOK_PARK_FLUSH,    /* arg: the mp_park; a flush (trim, the ladder,
                             release, a thread's flush) holds its lock and
                             has not yet taken anything                   */

@@ -56,6 +56,9 @@
  * take touched in the last MP_PARK_AGE operations on the park. */
 #define MP_PARK_AGE 256u
 #define MP_PARK_AGE_STEP 64u
+/* Run frees that do not ask the stream after it said "not passed", at
+ * most (passed_hint). */
+#define MP_PARK_IDLE_BACK 64u
 
 static void park_lock(mp_park *k) {
   for (unsigned spins = 0;; spins++) {
@@ -210,6 +213,30 @@ static void make_room_locked(magpool_t *pool, mp_park *k, unsigned order, int64_
   }
 }
 
+/* Has s passed a free made now?  1 yes, 0 no, -1 not asked.  The stream
+ * is asked (the `idle` op: 0.5 us on a CUDA stream) unless its last
+ * answers were no: after each no, the next 1, 2, 4 ... MP_PARK_IDLE_BACK
+ * frees do not ask, so that a stream that runs behind its host (a
+ * training loop's) costs a query per 64 run frees, not per free; a yes
+ * starts over.  The counters are relaxed hints, read and written outside
+ * the lock by any thread freeing on s: a lost update asks once more or
+ * once less, and "not asked" only parks a run that could have gone to
+ * the trees. */
+static int passed_hint(magpool_t *pool, mp_park *k, magpool_stream_t s) {
+  uint32_t skip = mp_load_relaxed(&k->idle_skip);
+  if (skip != 0) {
+    mp_store_relaxed(&k->idle_skip, skip - 1);
+    return -1;
+  }
+  MP_HOOK(MP_HOOK_PARK_IDLE, k);
+  int passed = pool->sops->idle(pool->src_ctx, s) == 1;
+  uint32_t back = mp_load_relaxed(&k->idle_back);
+  back = passed ? 0 : back == 0 ? 1 : back < MP_PARK_IDLE_BACK ? 2 * back : MP_PARK_IDLE_BACK;
+  mp_store_relaxed(&k->idle_back, back);
+  mp_store_relaxed(&k->idle_skip, back);
+  return passed;
+}
+
 bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order,
                  int *passed) {
   if (pool->cfg.stream_cache_bytes == 0) return false;
@@ -221,10 +248,9 @@ bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, uns
    * A parked run keeps its chunks busy, so the runs allocated meanwhile
    * land elsewhere and a warm pool moves chunks to follow them
    * (docs/design.md, the park: "Runs on passed streams"). */
-  if ((partial(pool, order) || b > mp_park_budget(pool, order)) && pool->sops->idle != NULL) {
-    *passed = pool->sops->idle(pool->src_ctx, s) == 1;
-    if (*passed) return false;
-  }
+  if ((partial(pool, order) || b > mp_park_budget(pool, order)) && pool->sops->idle != NULL &&
+      (*passed = passed_hint(pool, k, s)) == 1)
+    return false;
   mp_mag *old = NULL;
   bool ok = false;
   park_lock(k);

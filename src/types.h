@@ -313,6 +313,10 @@ typedef struct mp_park {
   int64_t obytes[MP_MAX_ORDER + 1]; /* per order, bytes parked (lock)    */
   uint32_t used[MP_MAX_ORDER + 1];  /* per order, clock at its last park
                                        or take (lock)                    */
+  _Atomic uint32_t idle_skip;   /* run frees that answer "not known"     */
+  _Atomic uint32_t idle_back;   /* without asking the stream, and the
+                                   next such count (park.c, passed_hint):
+                                   hints, relaxed, outside the lock      */
 } mp_park;
 
 /* One per (pool, stream id) while the stream is in use; a new one after

@@ -18,6 +18,9 @@
  *        is pending behind blocked S
  *   park::release_retires_the_park   magpool_stream_release retires what
  *        another thread parked, behind S, and closes the park
+ *   park::a_busy_stream_is_asked_less_and_less   after a "not passed",
+ *        run frees ask the stream again after 1, 2, 4 ... frees; a "passed"
+ *        starts over
  *   park::thousand_large_frees_few_batches,
  *   park::thousand_random_large_frees_fewer_batches   1000 frees of large
  *        blocks on one stream cost far fewer than 1000 retire batches
@@ -300,4 +303,53 @@ Test(park, thousand_random_large_frees_fewer_batches, .timeout = 120) {
                 (unsigned long long)nb);
   for (int i = 0; i < W; i++) cr_assert_eq(magpool_free_async(pool, live[i], s), 0);
   finish(pool, PS, &s, 1);
+}
+
+/* A stream that has not passed a run's free is asked less and less: after
+ * each "no", the next 1, 2, 4 ... run frees park without asking
+ * (park.c, passed_hint).  On blocked S, 20 frees of a 4 MiB run (each
+ * reallocated from the park) ask at frees 1, 3, 6, 11 and 20: 5 times.
+ * Once S has passed, the skipped frees still park, and the first free
+ * that asks (at most 16 frees later) sends its run to the tree; the next
+ * free asks at once. */
+static _Atomic int idle_asked;
+static void count_idle(int point, void *arg) {
+  (void)arg;
+  if (point == MP_HOOK_PARK_IDLE) atomic_fetch_add(&idle_asked, 1);
+}
+
+Test(park, a_busy_stream_is_asked_less_and_less, .timeout = 60) {
+  setup t;
+  setup_begin(&t);
+  atomic_store(&idle_asked, 0);
+  mp_hook_set(count_idle);
+  for (int k = 0; k < 20; k++) {
+    cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
+    cr_assert_eq(mpt_stats(t.pool).cached_bytes, BIG, "free %d: the run was not parked", k + 1);
+    void *y = magpool_alloc_async(t.pool, BIG, t.s);
+    cr_assert_eq(y, t.x, "free %d: S did not get its parked run back", k + 1);
+  }
+  cr_assert_eq(atomic_load(&idle_asked), 5, "blocked S was asked %d times in 20 frees",
+               atomic_load(&idle_asked));
+  gate_open(&t.g);
+  cr_assert_eq(magpool_host_stream_sync(t.s), 0);
+  int frees = 0;
+  for (;;) {
+    frees++;
+    cr_assert_leq(frees, 17, "S passed, and 17 frees later runs are still parked");
+    cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
+    bool parked = mpt_stats(t.pool).cached_bytes != 0;
+    t.x = magpool_alloc_async(t.pool, BIG, t.s);
+    cr_assert_not_null(t.x);
+    if (!parked) break;
+  }
+  cr_assert_eq(atomic_load(&idle_asked), 6);
+  cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
+  cr_assert_eq(mpt_stats(t.pool).cached_bytes, 0, "passed S: the run after a yes was parked");
+  cr_assert_eq(atomic_load(&idle_asked), 7);
+  mp_hook_set(NULL);
+  t.x = magpool_alloc_async(t.pool, BIG, t.s);
+  gate_done(&t.g);
+  cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
+  finish(t.pool, 64 * MiB, &t.s, 1);
 }
