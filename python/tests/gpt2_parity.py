@@ -86,7 +86,11 @@ def child(args):
         nxt = tokens[0].to(dev)
     losses, gnorms, times = [], [], []
     torch.cuda.synchronize(dev)
+    st_warm = None
     for step in range(args.steps):
+        if step == args.warmup and args.allocator == "magpool":
+            import magpool_torch as mt
+            st_warm = mt.memory_stats(dev)  # the steady steps' share, below
         t0 = time.perf_counter()
         batch = nxt                      # allocated on side
         main.wait_stream(side)
@@ -118,6 +122,10 @@ def child(args):
         res["peak_reserved"] = st["reserved_bytes.all.peak"]
         res["peak_allocated"] = st["allocated_bytes.all.peak"]
         res["magpool_stats"] = st
+        if st_warm is not None:
+            res["magpool_steady"] = {k: st[k] - st_warm[k] for k in (
+                "magpool.alloc_ns", "magpool.free_ns", "magpool.slow_allocs",
+                "magpool.chunk_maps", "magpool.chunk_moves", "magpool.grow_count")}
         if st["num_ooms"] != 0:
             print("gpt2_parity: magpool reported out-of-memory errors: %r" % st)
     else:
@@ -213,6 +221,16 @@ def compare(args):
                           st["magpool.free_ns"] / 1e6 / args.steps, st["magpool.slow_allocs"],
                           st["magpool.max_alloc_ns"] / 1e6, st["allocation.all.allocated"],
                           reps[-1][r]["step_ms"][0]))
+            sd = reps[-1][r].get("magpool_steady")
+            if sd:
+                n = args.steps - args.warmup
+                print("MAGPOOL_STEADY allocator=%s rank=%d steps=%d alloc_ms_per_step=%.2f "
+                      "free_ms_per_step=%.2f slow_allocs=%d chunk_maps=%d chunk_moves=%d "
+                      "grow_count=%d" % (
+                          alloc, r, n, sd["magpool.alloc_ns"] / 1e6 / n,
+                          sd["magpool.free_ns"] / 1e6 / n, sd["magpool.slow_allocs"],
+                          sd["magpool.chunk_maps"], sd["magpool.chunk_moves"],
+                          sd["magpool.grow_count"]))
     sys.exit(0 if ok else 1)
 
 
