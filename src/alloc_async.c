@@ -66,9 +66,15 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   if (sl != NULL) {
     void *p = order < pool->s_nclasses ? mp_slot_pop_owner(pool, sl, order) : NULL;
     /* Then what any thread freed on s: free for s at once. */
-    if (p == NULL) p = mp_park_take(pool, sl->e, order, size);
+    if (p == NULL) p = mp_park_take(pool, sl->e, order, size, false);
     if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
     if (mp_park_new_peak(pool, order, size)) {
+      /* At a new peak a parked run that covers the request serves it
+       * whatever it wastes: its chunks are busy already, and the other
+       * way maps new ones (and on a busy stream the run would only go
+       * pending behind S). */
+      if ((p = mp_park_take(pool, sl->e, order, size, true)) != NULL)
+        return mp_hand_out(pool, tc, p, order, size, 0);
       mp_streams_retire_parks(pool, sl->e);
       mp_park_settle(pool, sl->e, s);
       mp_retire_drain(pool, &tc->acct);

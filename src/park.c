@@ -135,11 +135,13 @@ static size_t waste_max(const magpool_t *pool, size_t need) {
 }
 
 /* Under the lock: takes from the chain m of order o the block of least
- * cost at least `need` (and within waste_max of it), or NULL. */
-static void *pop_fit(const magpool_t *pool, mp_mag *m, unsigned o, size_t need) {
+ * cost at least `need` (and within waste_max of it unless `peak`), or
+ * NULL. */
+static void *pop_fit(const magpool_t *pool, mp_mag *m, unsigned o, size_t need, bool peak) {
   mp_mag *bm = NULL;
   uint32_t bi = 0;
-  size_t best = SIZE_MAX, limit = need + waste_max(pool, need);
+  /* At a peak any cost serves (best starts at SIZE_MAX: none yet). */
+  size_t best = SIZE_MAX, limit = peak ? SIZE_MAX - 1 : need + waste_max(pool, need);
   for (; m != NULL && best != need; m = mp_load_relaxed(&m->next))
     for (uint32_t i = m->count; i-- > 0;) {
       size_t c = mp_block_cost(pool, m->slot[i], o);
@@ -153,7 +155,7 @@ static void *pop_fit(const magpool_t *pool, mp_mag *m, unsigned o, size_t need) 
   return p;
 }
 
-void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size) {
+void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size, bool peak) {
   mp_park *k = &e->park;
   if ((mp_load_relaxed(&k->mask) >> order & 1) == 0) return NULL;
   size_t need = mp_request_cost(pool, order, size);
@@ -170,7 +172,7 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size) {
    * this one needs: it stays parked, and another, or the tree, serves. */
   if (m != NULL) p = !partial(pool, order) && m->count != 0
                         ? m->slot[--m->count] /* every block of the order fits */
-                        : pop_fit(pool, m, order, need);
+                        : pop_fit(pool, m, order, need, peak);
   if (p != NULL) {
     set_bytes(k, pool, order, -(int64_t)mp_block_cost(pool, p, order));
     k->used[order] = ++k->clock;

@@ -18,8 +18,10 @@
  * the mask is read first, relaxed, so a miss costs no lock).  On a
  * chunked pool only a block whose cost (mp_block_cost) covers the
  * request's whole chunks serves: a parked run keeps the chunks it was
- * backed with.  Any thread allocating on e's stream. */
-void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size);
+ * backed with; the one of least cost, and (unless `peak`: the request
+ * would raise the pool's high-water mark) at most max(need / 8, a chunk)
+ * above the request's.  Any thread allocating on e's stream. */
+void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size, bool peak);
 /* Parks p (freed on s, e's stream).  If the park would pass its budget
  * (mp_park_budget), its least recently used orders go behind s first, and
  * now and then the orders idle for long (park.c): in one batch (one

@@ -359,3 +359,45 @@ Test(park, runs_freed_on_a_blocked_stream_are_parked, .timeout = 60) {
   gate_done(&g);
   finish(pool, PS, &S, 1);
 }
+
+/* At a new peak (the request would raise the pool's high-water mark of
+ * busy chunks), a run parked on S serves S's request of its order
+ * whatever it wastes: a 16 MiB run (8 chunks) parked on blocked S serves a
+ * 9 MiB request (5 chunks; 3 wasted, over the usual max(need / 8, one
+ * chunk)), so the pool neither grows nor retires the run behind S. */
+Test(park, at_a_new_peak_a_parked_run_serves_whatever_it_wastes, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_init(&g);
+  launch(S, gate_task, &g);
+  gate_wait_entered(&g);
+  void *fill = magpool_alloc(pool, PS - 16 * MiB);
+  void *x = magpool_alloc_async(pool, 16 * MiB, S);
+  cr_assert(fill != NULL && x != NULL);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, 16 * MiB, "the 16 MiB run was not parked on blocked S");
+  size_t res = st.reserved_bytes;
+  void *y = magpool_alloc_async(pool, 9 * MiB, S);
+  cr_assert_eq(y, x, "S's 9 MiB request at a new peak did not take the parked 16 MiB run");
+  cr_assert_geq(magpool_usable_size(pool, y), 9 * MiB);
+  st = mpt_stats(pool);
+  cr_assert_eq(st.reserved_bytes, res, "the pool grew from %zu to %zu", res, st.reserved_bytes);
+  cr_assert_eq(st.pending_bytes, 0, "the run went behind S (pending %zu)", st.pending_bytes);
+  cr_assert_eq(st.cached_bytes, 0);
+  mpt_assert_conserved(pool);
+  /* Not at a peak, the same request leaves the parked run alone. */
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free(pool, fill), 0);
+  void *z = magpool_alloc_async(pool, 9 * MiB, S);
+  cr_assert_not_null(z);
+  cr_assert_neq(z, x, "below the peak a 9 MiB request took the parked 16 MiB run");
+  cr_assert_eq(magpool_free_async(pool, z, S), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  cr_assert_eq(magpool_trim(pool), 0);
+  finish(pool, PS, &S, 1);
+}
