@@ -11,7 +11,7 @@ T=$(dirname "$0")/../../tests/data/traces
 R=$B/bench/magpool-replay
 mkdir -p "$OUT"
 for m in sync async; do
-  timeout 240 "$R" "$T"/*.trace.gz --kind device --mode "$m" --allocator all
+  timeout 240 "$R" "$T"/*.trace.gz --kind device --mode "$m" --allocator all --stats
 done >"$OUT/replay.log" 2>&1
 # The cap runs: cudaMalloc's peak reserved (pass 1) + 2 %, per trace.
 grep '^REPLAY' "$OUT/replay.log" | grep 'allocator=cudaMalloc ' | grep 'pass=1' |
@@ -22,4 +22,4 @@ grep '^REPLAY' "$OUT/replay.log" | grep 'allocator=cudaMalloc ' | grep 'pass=1' 
       timeout 120 "$R" "$T/$name.trace.gz" --kind device --mode "$m" --cap "$cap"
     done
   done >"$OUT/replay-cap.log" 2>&1
-grep -h '^REPLAY' "$OUT/replay.log" "$OUT/replay-cap.log"
+grep -hE "^(REPLAY|STATS)" "$OUT/replay.log" "$OUT/replay-cap.log"
