@@ -73,9 +73,7 @@ Test(park, another_thread_reuses_a_large_block_at_once, .timeout = 120) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
   magpool_stream_t S = stream_new(), T = stream_new();
   gate g;
-  gate_init(&g);
-  launch(S, gate_task, &g);
-  gate_wait_entered(&g);
+  gate_hold(&g, S);
 
   ctx c = {.pool = pool, .s = S};
   run(alloc_on, &c); /* thread 1 allocates x on S ... */
@@ -128,9 +126,7 @@ Test(park, another_thread_reuses_a_large_block_at_once, .timeout = 120) {
   cr_assert_eq(magpool_free_async(pool, t1, T), 0);
   cr_assert_eq(magpool_free_async(pool, t3, T), 0);
   cr_assert_eq(magpool_free(pool, t2), 0);
-  gate_open(&g);
-  cr_assert_eq(magpool_host_stream_sync(S), 0);
-  gate_done(&g);
+  gate_release(&g, S);
   magpool_stream_t s[] = {S, T};
   finish(pool, PS, s, 2);
 }
@@ -142,9 +138,7 @@ Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .stream_cache = MPT_ZERO});
   magpool_stream_t S = stream_new();
   gate g;
-  gate_init(&g);
-  launch(S, gate_task, &g);
-  gate_wait_entered(&g);
+  gate_hold(&g, S);
   void *x = magpool_alloc_async(pool, BIG, S);
   cr_assert_not_null(x);
   cr_assert_eq(magpool_free_async(pool, x, S), 0);
@@ -155,9 +149,7 @@ Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
   cr_assert_not_null(y);
   cr_assert_neq(y, x);
   cr_assert_eq(magpool_free_async(pool, y, S), 0);
-  gate_open(&g);
-  cr_assert_eq(magpool_host_stream_sync(S), 0);
-  gate_done(&g);
+  gate_release(&g, S);
   finish(pool, PS, &S, 1);
 }
 
@@ -172,9 +164,7 @@ Test(park, a_parked_run_serves_only_requests_it_covers, .timeout = 60) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
   magpool_stream_t S = stream_new();
   gate g;
-  gate_init(&g);
-  launch(S, gate_task, &g);
-  gate_wait_entered(&g);
+  gate_hold(&g, S);
   void *x = magpool_alloc_async(pool, 5 * MiB, S);
   cr_assert_not_null(x);
   size_t cost = magpool_usable_size(pool, x);
@@ -200,9 +190,7 @@ Test(park, a_parked_run_serves_only_requests_it_covers, .timeout = 60) {
   cr_assert_eq(magpool_free_async(pool, z, S), 0);
   mpt_assert_conserved(pool);
   cr_assert_eq(magpool_check(pool), 0, "magpool_check with runs parked");
-  gate_open(&g);
-  cr_assert_eq(magpool_host_stream_sync(S), 0);
-  gate_done(&g);
+  gate_release(&g, S);
   finish(pool, PS, &S, 1);
 }
 
@@ -217,16 +205,12 @@ Test(park, a_new_peak_takes_back_what_a_passed_stream_parked, .timeout = 60) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
   magpool_stream_t S = stream_new(), T = stream_new();
   gate g;
-  gate_init(&g);
-  launch(T, gate_task, &g);
-  gate_wait_entered(&g);
+  gate_hold(&g, T);
   void *fill = magpool_alloc(pool, PS - 8 * MiB);
   void *x = magpool_alloc_async(pool, 8 * MiB, T);
   cr_assert(fill != NULL && x != NULL);
   cr_assert_eq(magpool_free_async(pool, x, T), 0);
-  gate_open(&g);
-  cr_assert_eq(magpool_host_stream_sync(T), 0);
-  gate_done(&g);
+  gate_release(&g, T);
   magpool_stats_t st = mpt_stats(pool);
   cr_assert_eq(st.cached_bytes, 8 * MiB, "the 8 MiB run was not parked on T");
   cr_assert_eq(st.pending_bytes, 0);
@@ -255,9 +239,7 @@ Test(park, a_new_peak_never_takes_what_a_blocked_stream_parked, .timeout = 60) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
   magpool_stream_t S = stream_new(), T = stream_new();
   gate g;
-  gate_init(&g);
-  launch(T, gate_task, &g);
-  gate_wait_entered(&g);
+  gate_hold(&g, T);
   void *fill = magpool_alloc(pool, PS - 8 * MiB);
   void *x = magpool_alloc_async(pool, 8 * MiB, T);
   cr_assert(fill != NULL && x != NULL);
@@ -273,9 +255,7 @@ Test(park, a_new_peak_never_takes_what_a_blocked_stream_parked, .timeout = 60) {
   mpt_assert_conserved(pool);
   cr_assert_eq(magpool_free_async(pool, y, S), 0);
   cr_assert_eq(magpool_free(pool, fill), 0);
-  gate_open(&g);
-  cr_assert_eq(magpool_host_stream_sync(T), 0);
-  gate_done(&g);
+  gate_release(&g, T);
   cr_assert_eq(magpool_trim(pool), 0);
   magpool_stream_t s[] = {S, T};
   finish(pool, PS, s, 2);
@@ -336,9 +316,7 @@ Test(park, runs_freed_on_a_blocked_stream_are_parked, .timeout = 60) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
   magpool_stream_t S = stream_new();
   gate g;
-  gate_init(&g);
-  launch(S, gate_task, &g);
-  gate_wait_entered(&g);
+  gate_hold(&g, S);
   const size_t sizes[] = {4 * MiB, 16 * MiB};
   for (int k = 0; k < 2; k++) {
     void *x = magpool_alloc_async(pool, sizes[k], S);
@@ -354,9 +332,7 @@ Test(park, runs_freed_on_a_blocked_stream_are_parked, .timeout = 60) {
     cr_assert_eq(mpt_stats(pool).pending_bytes, pend);
     cr_assert_eq(magpool_free_async(pool, y, S), 0);
   }
-  gate_open(&g);
-  cr_assert_eq(magpool_host_stream_sync(S), 0);
-  gate_done(&g);
+  gate_release(&g, S);
   finish(pool, PS, &S, 1);
 }
 
@@ -370,9 +346,7 @@ Test(park, at_a_new_peak_a_parked_run_serves_whatever_it_wastes, .timeout = 60) 
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
   magpool_stream_t S = stream_new();
   gate g;
-  gate_init(&g);
-  launch(S, gate_task, &g);
-  gate_wait_entered(&g);
+  gate_hold(&g, S);
   void *fill = magpool_alloc(pool, PS - 16 * MiB);
   void *x = magpool_alloc_async(pool, 16 * MiB, S);
   cr_assert(fill != NULL && x != NULL);
@@ -395,9 +369,7 @@ Test(park, at_a_new_peak_a_parked_run_serves_whatever_it_wastes, .timeout = 60) 
   cr_assert_not_null(z);
   cr_assert_neq(z, x, "below the peak a 9 MiB request took the parked 16 MiB run");
   cr_assert_eq(magpool_free_async(pool, z, S), 0);
-  gate_open(&g);
-  cr_assert_eq(magpool_host_stream_sync(S), 0);
-  gate_done(&g);
+  gate_release(&g, S);
   cr_assert_eq(magpool_trim(pool), 0);
   finish(pool, PS, &S, 1);
 }

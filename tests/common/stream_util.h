@@ -122,6 +122,22 @@ static inline void launch(magpool_stream_t s, void (*fn)(void *), void *arg) {
   cr_assert_eq(magpool_host_stream_launch(s, fn, arg), 0);
 }
 
+/* Blocks s with gate g (initialised here) until gate_release: every task
+ * queued on s before returns has run, and none after runs meanwhile. */
+static inline void gate_hold(gate *g, magpool_stream_t s) {
+  gate_init(g);
+  launch(s, gate_task, g);
+  gate_wait_entered(g);
+}
+
+/* Opens g, waits until s has run everything queued on it, and checks that
+ * the gate did not open itself. */
+static inline void gate_release(gate *g, magpool_stream_t s) {
+  gate_open(g);
+  cr_assert_eq(magpool_host_stream_sync(s), 0);
+  gate_done(g);
+}
+
 /* ------------------------------------------------------------- finish -- */
 
 /* The end of every stream test: streams released and synchronised; then
