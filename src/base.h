@@ -16,6 +16,10 @@
  * more memory while stream frees that could cover the request are still
  * on their way back (chunk.c, make_room). */
 #define MP_EGROW (-100)
+/* The `grow` of a take (region.c, chunk.c): 0 waits for returning stream
+ * frees before creating memory, 1 does not, MP_TAKE_NOMOVE is 1 but is
+ * refused (MP_EGROW) where it would move chunks. */
+#define MP_TAKE_NOMOVE 2
 #define MP_MAX_REGIONS 64 /* growth steps a pool can take                 */
 #define MP_MAX_ORDER 48   /* largest block: min_block << MP_MAX_ORDER     */
 #define MP_MAX_CLASSES 24 /* cached orders (thread and stream caches)     */

@@ -217,11 +217,14 @@ static bool returning_covers(const magpool_t *pool, size_t bytes) {
  * empty ones (kept for the map that follows: a move).  Creating memory
  * beyond what is mapped is refused with MP_EGROW unless `grow`, while
  * stream frees on their way back could cover the run: the caller waits
- * for them first (pool.c's ladder).  Lock held. */
-static int make_room(magpool_t *pool, uint64_t n, bool grow) {
+ * for them first (pool.c's ladder).  A move is refused with MP_EGROW when
+ * grow is MP_TAKE_NOMOVE (the caller has a parked run that can serve
+ * instead: alloc_async.c).  Lock held. */
+static int make_room(magpool_t *pool, uint64_t n, int grow) {
   mp_chunks *c = pool->chunks;
   if (mp_load_relaxed(&c->nmapped) + n <= budget(c))
     return !grow && returning_covers(pool, n << c->shift) ? MP_EGROW : 0;
+  if (grow == MP_TAKE_NOMOVE) return MP_EGROW; /* the caller has a cheaper way */
   /* Over the budget: moves.  Fail before unmapping anything if too few
    * chunks are empty for the run to fit under the cap. */
   uint64_t nm = mp_load_relaxed(&c->nmapped);
@@ -277,7 +280,7 @@ static void release_excess(magpool_t *pool) {
   pthread_mutex_unlock(lk);
 }
 
-int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, bool grow) {
+int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int grow) {
   mp_chunks *c = pool->chunks;
   extent e = extent_of(pool, p, order, need);
   if (mp_block_bytes(pool, order) >= c->chunk) mp_store_relaxed(&c->ext[e.first], (uint32_t)e.n);

@@ -147,7 +147,7 @@ static inline bool is_run(const magpool_t *pool, const void *p) {
 
 /* A large block as a run of chunks (runs.c); the block keeps its buddy
  * order for its header and stats, but occupies only its chunks. */
-static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, bool grow) {
+static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow) {
   mp_chunks *c = pool->chunks;
   uint32_t m = (uint32_t)mp_chunks_for(c, need);
   int64_t s = mp_runs_alloc(pool, m);
@@ -198,7 +198,7 @@ static int64_t prefer_mapped(magpool_t *pool, mp_region *r, int64_t off, unsigne
   return off;
 }
 
-static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, bool grow,
+static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow,
                   bool run_ok) {
   if (run_ok && pool->chunks != NULL && mp_run_order(pool, order))
     return take_run(pool, a, order, need, grow);
@@ -223,7 +223,7 @@ static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, bool
 }
 
 void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t need,
-                          bool grow) {
+                          int grow) {
   return take(pool, a, order, need, grow, true);
 }
 
