@@ -307,6 +307,11 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   pthread_mutex_t *lk = lock_of(c);
   pthread_mutex_lock(lk);
   int rc = 0;
+  if (grow == MP_TAKE_NOMOVE) { /* all or nothing: no row mapped, then refused */
+    uint64_t k = 0;
+    for (uint64_t x = i; x < e.first + e.n; x++) k += mp_load_relaxed(&c->state[x]) != MP_CHUNK_MAPPED;
+    if (mp_load_relaxed(&c->nmapped) + k > budget(c)) rc = MP_EGROW;
+  }
   while (i < e.first + e.n && rc == 0) {
     if (mp_load_relaxed(&c->state[i]) == MP_CHUNK_MAPPED) { i++; continue; }
     uint64_t j = i;
