@@ -146,7 +146,14 @@ typedef struct magpool_config {
                                 pool at once (host streams; CUDA streams
                                 through cudaStreamQuery in relaxed capture
                                 mode, except cudaStreamPerThread and a
-                                stream being captured)                   */
+                                stream being captured); so does the free
+                                of a block of a chunk or more, or over
+                                the stream's share, on such a stream: it
+                                is not kept.  A kept block of the
+                                request's size class may serve a smaller
+                                request on its stream (magpool_usable_size
+                                says how much) where the pool would
+                                otherwise map or move memory for it     */
   int capture_check;         /* nonzero (default): every async free on a
                                 CUDA stream asks cudaStreamIsCapturing
                                 (about 80 ns on an H200) and answers
