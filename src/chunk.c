@@ -217,14 +217,13 @@ static bool returning_covers(const magpool_t *pool, size_t bytes) {
  * empty ones (kept for the map that follows: a move).  Creating memory
  * beyond what is mapped is refused with MP_EGROW unless `grow`, while
  * stream frees on their way back could cover the run: the caller waits
- * for them first (pool.c's ladder).  A move is refused with MP_EGROW when
- * grow is MP_TAKE_NOMOVE (the caller has a parked run that can serve
- * instead: alloc_async.c).  Lock held. */
+ * for them first (pool.c's ladder).  (A take with MP_TAKE_NOMOVE never
+ * gets here over the budget: mp_chunks_acquire refuses it first.)  Lock
+ * held. */
 static int make_room(magpool_t *pool, uint64_t n, int grow) {
   mp_chunks *c = pool->chunks;
   if (mp_load_relaxed(&c->nmapped) + n <= budget(c))
     return !grow && returning_covers(pool, n << c->shift) ? MP_EGROW : 0;
-  if (grow == MP_TAKE_NOMOVE) return MP_EGROW; /* the caller has a cheaper way */
   /* Over the budget: moves.  Fail before unmapping anything if too few
    * chunks are empty for the run to fit under the cap. */
   uint64_t nm = mp_load_relaxed(&c->nmapped);
@@ -307,7 +306,11 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   pthread_mutex_t *lk = lock_of(c);
   pthread_mutex_lock(lk);
   int rc = 0;
-  if (grow == MP_TAKE_NOMOVE) { /* all or nothing: no row mapped, then refused */
+  /* MP_TAKE_NOMOVE: all rows under the budget, or none mapped (the caller
+   * has a parked run that can serve instead: alloc_async.c).  nmapped
+   * changes only under the lock and the budget never falls (hwm only
+   * rises), so every row then fits. */
+  if (grow == MP_TAKE_NOMOVE) {
     uint64_t k = 0;
     for (uint64_t x = i; x < e.first + e.n; x++) k += mp_load_relaxed(&c->state[x]) != MP_CHUNK_MAPPED;
     if (mp_load_relaxed(&c->nmapped) + k > budget(c)) rc = MP_EGROW;
