@@ -234,7 +234,7 @@ size_t magpool_usable_size(magpool_t *pool, const void *ptr) {
   if (r == NULL) return 0;
   size_t off = (size_t)((const char *)ptr - r->base);
   if (off & (pool->cfg.min_block - 1)) return 0;
-  uint32_t w = mp_hdr_read(&r->hdr[off >> pool->min_shift]);
+  uint32_t w = mp_hdr_read(mp_region_hdr_at(r, off >> pool->min_shift));
   if (!mp_hdr_live(w)) return 0;
   return mp_block_cost(pool, ptr, mp_hdr_order(w));
 }

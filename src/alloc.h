@@ -30,7 +30,7 @@ MP_INLINE int mp_block_validate(magpool_t *pool, const void *p, size_t size, boo
   if (MP_UNLIKELY(r == NULL)) return MAGPOOL_EINVAL;
   size_t off = (size_t)((const char *)p - r->base);
   if (MP_UNLIKELY(off & (pool->cfg.min_block - 1))) return MAGPOOL_EINVAL;
-  _Atomic uint32_t *h = &r->hdr[off >> pool->min_shift];
+  _Atomic uint32_t *h = mp_region_hdr_at(r, off >> pool->min_shift);
   uint32_t w = mp_hdr_read(h);
   if (MP_UNLIKELY(!mp_hdr_live(w))) return MAGPOOL_EINVAL; /* interior, freed, foreign */
   if (MP_UNLIKELY(mp_hdr_scoped(w) != scoped)) return MAGPOOL_EINVAL;

@@ -1,6 +1,7 @@
 /* hdr.h - the block-header word: the one place that knows its bits.
  *
- * One uint32 per unit of a region (region->hdr).  The word of a live
+ * One uint32 per unit of a region (region->hdr; in a chunked pool's run
+ * space, one group of words per chunk: mp_region_hdr_at).  The word of a live
  * block's first unit encodes it; every other word reads as "no block":
  *   bits 0..5   order + 1 (0 = not the start of a live block)
  *   bit  6      the block belongs to a scope (MP_HDR_SCOPE)

@@ -121,7 +121,7 @@ static inline mp_region *mp_region_of(magpool_t *pool, const void *p) {
 /* The header word of the block at p, which lies in region r. */
 static inline _Atomic uint32_t *mp_region_hdr(const magpool_t *pool, mp_region *r,
                                               const void *p) {
-  return &r->hdr[(size_t)((const char *)p - r->base) >> pool->min_shift];
+  return mp_region_hdr_at(r, (size_t)((const char *)p - r->base) >> pool->min_shift);
 }
 
 /* Bytes of a block of this order. */

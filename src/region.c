@@ -36,7 +36,14 @@ static int region_add(magpool_t *pool, size_t bytes, void *base, size_t tree_byt
   r->nunits = bytes >> pool->min_shift;
   int rc = mp_tree_init(&r->tree, tree_bytes >> pool->min_shift);
   if (rc != 0) goto fail_r;
-  r->hdr_bytes = (size_t)r->nunits * sizeof(uint32_t);
+  /* A chunked region's run space (above the tree) has a header per chunk
+   * (types.h). */
+  r->hdr_split = tree_bytes >> pool->min_shift;
+  r->hdr_rshift = tree_bytes < bytes ? pool->chunks->shift - pool->min_shift : 0;
+  uint64_t words = r->hdr_split;
+  if (tree_bytes < bytes)
+    words += ((r->nunits - r->hdr_split) >> r->hdr_rshift) * MP_HDR_RUN_WORDS + 1;
+  r->hdr_bytes = (size_t)words * sizeof(uint32_t);
   void *h = mmap(NULL, r->hdr_bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (h == MAP_FAILED) { rc = MAGPOOL_ENOMEM; goto fail_tree; }

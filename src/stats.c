@@ -125,7 +125,7 @@ int magpool_mem_info(magpool_t *pool, size_t *free_bytes, size_t *total_bytes) {
 static int scan_live(magpool_t *pool, mp_region *r, uint64_t from, uint64_t to,
                      uint64_t *live_units, uint64_t *live_cost) {
   for (uint64_t u = from; u < to; u++) {
-    uint32_t w = mp_hdr_read(&r->hdr[u]);
+    uint32_t w = mp_hdr_read(mp_region_hdr_at(r, u));
     if (!mp_hdr_live(w)) continue;
     unsigned o = mp_hdr_order(w);
     uint64_t len = (uint64_t)1 << o;

@@ -107,7 +107,7 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
       tc->limit = pool->cfg.thread_cache_bytes;
       tc->shift = pool->min_shift;
       tc->r0_base = pool->regions[0]->base;
-      tc->r0_bytes = pool->regions[0]->bytes;
+      tc->r0_bytes = (size_t)pool->regions[0]->hdr_split << pool->min_shift; /* not run space */
       tc->r0_hdr = pool->regions[0]->hdr;
       mp_atomic_init(&tc->state, MP_TC_LIVE);
       mp_tcache *h = mp_load_relaxed(&pool->tcaches);

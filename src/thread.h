@@ -55,7 +55,8 @@ MP_INLINE unsigned mp_cached_order(const mp_tcache *tc, size_t size) {
   return q == 0 ? 0 : 64u - mp_clz64(q);
 }
 
-/* Header word of p if p is a unit-aligned address of region 0, else NULL
+/* Header word of p if p is a unit-aligned address of region 0's tree
+ * part (below hdr_split: every cached block), else NULL
  * (the fast paths' region test, from the record's copies). */
 MP_INLINE _Atomic uint32_t *mp_tcache_r0_hdr(const mp_tcache *tc, const void *p) {
   size_t off = (size_t)((const char *)p - tc->r0_base);

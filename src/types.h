@@ -123,10 +123,31 @@ typedef struct mp_region {
   char *base;
   size_t bytes;
   uint64_t nunits;
-  _Atomic uint32_t *hdr; /* nunits words, mmap'd (lazily backed)   */
+  /* The header table (hdr.h), mmap'd and backed lazily: one word per unit
+   * below hdr_split (the tree's units; all of them on a pool without
+   * chunks).  At and above it lies a chunked pool's run space, where a
+   * block starts only on a chunk (2^hdr_rshift units): MP_HDR_RUN_WORDS
+   * words per chunk, then one word that stays 0, the word of every unit
+   * of run space that is not a chunk's first.  So a run touches a page of
+   * the table per 1,024 chunks, not one per 64 KiB of run space (the warm
+   * replays' page faults). */
+  _Atomic uint32_t *hdr;
   size_t hdr_bytes;
+  uint64_t hdr_split;
+  unsigned hdr_rshift;
   mp_tree tree;
 } mp_region;
+
+/* A run's header word and its two big-slack words (hdr.h), padded. */
+#define MP_HDR_RUN_WORDS 4
+
+/* The header word of unit u of r (u < r->nunits). */
+MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
+  if (MP_LIKELY(u < r->hdr_split)) return &r->hdr[u];
+  uint64_t v = u - r->hdr_split, k = v >> r->hdr_rshift;
+  if ((k << r->hdr_rshift) != v) k = (r->nunits - r->hdr_split) >> r->hdr_rshift; /* the 0 */
+  return &r->hdr[r->hdr_split + k * MP_HDR_RUN_WORDS];
+}
 
 /* The chunk map of a pool whose source maps memory on demand (chunk.c).
  * The pool's one region is a reserved range of address space; physical
@@ -393,8 +414,8 @@ typedef struct mp_tcache {
   unsigned shift;        /* log2(min_block)                            */
   size_t cache_max;      /* largest cached request (0: none)           */
   size_t limit;          /* thread_cache_bytes                         */
-  char *r0_base;         /* copies of region 0 (never changes)         */
-  size_t r0_bytes;
+  char *r0_base;         /* copies of region 0 (never changes); r0_bytes */
+  size_t r0_bytes;       /* is its tree part's (below hdr_split)        */
   _Atomic uint32_t *r0_hdr;
   uint64_t uid;          /* pool->uid when adopted: a destroyed pool's
                             address may be reused by a new pool        */

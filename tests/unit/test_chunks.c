@@ -8,6 +8,10 @@
  *   chunks::cap_is_kept_by_moving       under max_pool_size, a request
  *        that needs new chunks moves empty ones; beyond, ENOMEM
  *   chunks::usable_size_is_whole_chunks a run's usable size and alignment
+ *   chunks::run_headers_are_per_chunk   run space keeps one header per
+ *        chunk (types.h): a run's interior pointers, a chunk into it
+ *        included, are refused and change nothing; a run whose slack needs
+ *        the big-slack words frees sized; a run next to it keeps its own
  *   races::take_counted_before_unmap    a take stopped after counting its
  *        chunk busy, before reading its state (MP_HOOK_CHUNK_TAKE), while
  *        trim unmaps empty chunks: the chunk stays mapped
@@ -124,6 +128,32 @@ Test(chunks, usable_size_is_whole_chunks) {
   memset(p, 3, 6 * MiB);
   cr_assert_eq(magpool_free_sized(pool, p, 5 * MiB), MAGPOOL_EINVAL);
   cr_assert_eq(magpool_free_sized(pool, p, 5 * MiB + 1), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+Test(chunks, run_headers_are_per_chunk) {
+  magpool_t *pool = chunked_pool(4 * MiB, 0);
+  const size_t big = 65 * MiB + 1; /* order 128 MiB: slack over MP_HDR_BIG */
+  char *p = magpool_alloc(pool, big);
+  char *q = magpool_alloc(pool, 3 * MiB);
+  cr_assert(p != NULL && q != NULL);
+  cr_assert_geq(mp_block_bytes(pool, 21) - big, (size_t)MP_HDR_BIG, "the test needs a big slack");
+  cr_assert_eq(magpool_usable_size(pool, p), 66 * MiB);
+  magpool_stats_t a = mpt_stats(pool);
+  const size_t in[] = {64, CHUNK, 2 * CHUNK, 32 * MiB, 64 * MiB};
+  for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+    cr_assert_eq(magpool_usable_size(pool, p + in[i]), 0, "p + %zu", in[i]);
+    cr_assert_eq(magpool_free(pool, p + in[i]), MAGPOOL_EINVAL, "p + %zu freed", in[i]);
+  }
+  cr_assert_eq(magpool_free(pool, q + CHUNK), MAGPOOL_EINVAL);
+  mpt_assert_same_stats(a, mpt_stats(pool), "freeing a run's interior pointers");
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_sized(pool, p, big - 1), MAGPOOL_EINVAL);
+  cr_assert_eq(magpool_free_sized(pool, p, big), 0);
+  cr_assert_eq(magpool_free(pool, p), MAGPOOL_EINVAL, "a run freed twice");
+  cr_assert_eq(magpool_usable_size(pool, q), 4 * MiB);
+  cr_assert_eq(magpool_free_sized(pool, q, 3 * MiB), 0);
   mpt_assert_all_free(pool);
   mpt_pool_done(pool);
 }
