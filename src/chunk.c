@@ -15,16 +15,13 @@
  *   - a take that needs an unmapped chunk creates memory while the
  *     budget allows, else moves an empty mapped chunk there (unmap with
  *     keep, then map: no create on sources that keep memory);
- *   - growth maps the chunks of each MP_CHUNK_GROUP-aligned window as one
- *     group, a single piece of memory where the source can (map_group:
- *     about an eighth of the driver's cost of a handle per chunk), unmapped only
- *     whole; pool_size and the chunks a move maps are a chunk each;
- *   - empty chunks otherwise stay mapped (a warm pool reuses them with no
- *     call to the source), except above release_threshold at a give, and
- *     at magpool_trim, which unmaps every empty chunk beyond pool_size.
- * So mapped memory never exceeds the pool's peak need in chunks by more
- * than the slack, and a request fails only when its chunks do not fit
- * under the cap beside the busy ones.
+ *   - growth maps each MP_CHUNK_GROUP-aligned window as one group (one
+ *     piece of memory where the source has map_group), unmapped whole;
+ *     pool_size and the chunks a move maps are a chunk each;
+ *   - empty chunks stay mapped, but above release_threshold at a give,
+ *     and at magpool_trim (down to pool_size).
+ * So mapped memory never exceeds the peak need by more than the slack,
+ * and a request fails only when its chunks do not fit under the cap.
  *
  * Ordering.  A take counts its chunks busy (seq_cst RMW), then reads each
  * chunk's state (seq_cst load); only if one is not MAPPED does it take the
@@ -40,10 +37,9 @@
  * group, and one busy chunk keeps the whole group.  A give's decrement
  * (seq_cst, so RELEASE) happens after the block's last use, and the
  * unmap's re-read (ACQUIRE) sees it: the user's accesses happen before
- * the unmap.  Only the lock holder changes state
- * and the mapped bitmap; a MAPPED store made under the lock is read by
- * takers with seq_cst (ACQUIRE), after the source's map returned.
- */
+ * the unmap.  Only the lock holder changes state and the mapped bitmap;
+ * takers read a MAPPED store with seq_cst (ACQUIRE), after the map.
+ * Run space: stores and a fence for the RMWs (busy_sub). */
 #include "internal.h"
 
 #include <pthread.h>
@@ -75,13 +71,11 @@ static void reserved_add(magpool_t *pool, int64_t chunks) {
   if (d > 0) mp_max_relaxed_size(&pool->peak_reserved, now);
 }
 
-static inline void bit_set(mp_chunks *c, uint64_t i) {
+/* The mapped bitmap (under the lock). */
+static inline void bit_put(mp_chunks *c, uint64_t i, bool on) {
   _Atomic uint64_t *w = &c->mapped[i / 64];
-  mp_store_relaxed(w, mp_load_relaxed(w) | (uint64_t)1 << (i % 64));
-}
-static inline void bit_clear(mp_chunks *c, uint64_t i) {
-  _Atomic uint64_t *w = &c->mapped[i / 64];
-  mp_store_relaxed(w, mp_load_relaxed(w) & ~((uint64_t)1 << (i % 64)));
+  uint64_t b = (uint64_t)1 << (i % 64), v = mp_load_relaxed(w);
+  mp_store_relaxed(w, on ? v | b : v & ~b);
 }
 
 /* Maps chunks [a, a + n) of one group (all unmapped, inside one
@@ -100,7 +94,7 @@ static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   for (uint64_t i = a; i < a + n; i++) {
     c->gfirst[i] = one ? (uint32_t)a : (uint32_t)i;
     if (!one) c->glen[i] = 1;
-    bit_set(c, i);
+    bit_put(c, i, true);
     mp_store_seq_cst(&c->state[i], MP_CHUNK_MAPPED);
   }
   uint64_t end = a + n;
@@ -157,7 +151,7 @@ static uint64_t unmap_if_empty(magpool_t *pool, uint64_t i, int keep, uint64_t f
   }
   for (uint64_t k = g; k < g + n; k++) {
     mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPED);
-    bit_clear(c, k);
+    bit_put(c, k, false);
   }
   mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - n);
   mp_fetch_add_relaxed(&c->unmaps, n);
@@ -258,11 +252,20 @@ static extent extent_of(const magpool_t *pool, const char *p, unsigned order, si
   return e;
 }
 
+/* A run-space chunk belongs to one run at a time, handed over under the
+ * runs' lock (give_run counts down before mp_runs_free, take_run up after
+ * mp_runs_alloc): stores, not RMWs (docs/design.md, chunked pools).  Down:
+ * RELEASE (the block's last use happens before an unmap that reads 0). */
+static inline bool owned(const mp_chunks *c, const extent *e) { return e->first >= c->run0; }
+
 static void busy_sub(magpool_t *pool, const extent *e) {
   mp_chunks *c = pool->chunks;
+  bool own = owned(c, e);
   for (uint64_t i = e->first; i < e->first + e->n; i++)
-    if (mp_fetch_sub_seq_cst(&c->busy[i], (uint32_t)e->units) == e->units)
+    if (own) mp_store_release(&c->busy[i], 0);
+    else if (mp_fetch_sub_seq_cst(&c->busy[i], (uint32_t)e->units) == e->units)
       mp_fetch_sub_relaxed(&c->nbusy, 1);
+  if (own) mp_fetch_sub_relaxed(&c->nbusy, e->n);
 }
 
 /* Above release_threshold, unmaps empty chunks (not below keep).  Skips
@@ -283,9 +286,14 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   mp_chunks *c = pool->chunks;
   extent e = extent_of(pool, p, order, need);
   if (mp_block_bytes(pool, order) >= c->chunk) mp_store_relaxed(&c->ext[e.first], (uint32_t)e.n);
-  uint64_t fresh = 0;
+  /* Run space: relaxed stores, then one seq_cst fence before the state
+   * loads stands for the RMWs in the store-buffer argument above. */
+  bool own = owned(c, &e);
+  uint64_t fresh = own ? e.n : 0;
   for (uint64_t i = e.first; i < e.first + e.n; i++)
-    fresh += mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0;
+    if (own) mp_store_relaxed(&c->busy[i], (uint32_t)e.units);
+    else fresh += mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0;
+  if (own) mp_fence_seq_cst();
   if (fresh != 0) {
     uint64_t nb = mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
     /* A new high-water mark raises the budget for good: not while stream

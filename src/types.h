@@ -157,7 +157,8 @@ MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
  *   chunk c with their extent: the whole block for blocks smaller than a
  *   chunk, the chunks covering the requested bytes for larger ones
  *   (ext[] holds that count at the block's first chunk).  Changed by
- *   atomic RMW on every take from and give to the tree, by any thread.
+ *   atomic RMW on every take from and give to the tree, by any thread;
+ *   in run space (c >= run0: one run per chunk) by stores (chunk.c).
  * state[c]: MP_CHUNK_UNMAPPED, MAPPED or UNMAPPING; written only under
  *   `lock`, read by anyone.
  * mapped[]: a bitmap of MAPPED chunks, written under `lock` only

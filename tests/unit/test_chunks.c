@@ -26,6 +26,8 @@
  *   races::group_unmap_sees_a_late_take      as the second, across a
  *        group: trim stopped with every chunk of the group UNMAPPING, a
  *        take counts another chunk of it: the unmap backs off for all
+ * The first two take a block below a chunk (busy counts by RMW), the
+ * group ones a run (run space: busy by stores and one seq_cst fence).
  *
  * Every test ends with magpool_check (tree, chunk map C1-C6, runs).
  * Internal headers: links the static archive.
