@@ -38,6 +38,7 @@ static void list_push(mp_runs *r, uint32_t s, uint32_t len) {
   r->next[s] = r->bin[b];
   if (r->bin[b] != NIL) r->prev[r->bin[b]] = s;
   r->bin[b] = s;
+  r->full[b / 64] |= (uint64_t)1 << (b % 64);
   r->free_chunks += len;
 }
 
@@ -45,7 +46,7 @@ static void list_remove(mp_runs *r, uint32_t s) {
   uint32_t len = r->head[s];
   uint32_t b = bin_of(len);
   if (r->prev[s] != NIL) r->next[r->prev[s]] = r->next[s];
-  else r->bin[b] = r->next[s];
+  else if ((r->bin[b] = r->next[s]) == NIL) r->full[b / 64] &= ~((uint64_t)1 << (b % 64));
   if (r->next[s] != NIL) r->prev[r->next[s]] = r->prev[s];
   r->head[s] = 0;
   r->tail[s + len - 1] = 0;
@@ -89,6 +90,15 @@ static uint32_t next_chunk(const mp_chunks *c, uint32_t i, uint32_t end, bool se
   return end;
 }
 
+/* The first bin at or after L with a free run, MP_RUN_BINS if none. */
+static uint32_t next_full(const mp_runs *r, uint32_t L) {
+  for (uint32_t wi = L / 64; wi < MP_RUN_BINS / 64; wi++) {
+    uint64_t w = r->full[wi] & (wi == L / 64 ? ~(uint64_t)0 << (L % 64) : ~(uint64_t)0);
+    if (w != 0) return wi * 64 + mp_ctz64(w);
+  }
+  return MP_RUN_BINS;
+}
+
 typedef struct pick {
   uint32_t run, at, score, len;
   bool found;
@@ -130,7 +140,8 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m) {
   unsigned looked = 0;
   /* By length, shortest first: once a window is all mapped, longer runs
    * cannot beat it. */
-  for (uint32_t L = m; L < MP_RUN_BINS && looked < MP_RUN_SCAN && !(b.found && b.score == m); L++)
+  for (uint32_t L = next_full(r, m); L < MP_RUN_BINS && looked < MP_RUN_SCAN &&
+                                     !(b.found && b.score == m); L = next_full(r, L + 1))
     for (uint32_t s = r->bin[L]; s != NIL && looked < MP_RUN_SCAN; s = r->next[s], looked++) {
       consider(pool, &b, s, L, m);
       if (b.score == m && L == m) goto take; /* an exact fit, all mapped */
@@ -185,6 +196,7 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   }
   pthread_mutex_init(r->lock, NULL);
   for (unsigned b = 0; b < MP_RUN_BINS; b++) r->bin[b] = NIL;
+  for (unsigned w = 0; w < MP_RUN_BINS / 64; w++) r->full[w] = 0;
   r->free_chunks = 0;
   list_push(r, 0, n);
   return 0;
@@ -210,6 +222,8 @@ int mp_runs_check(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
   mp_runs *r = &c->runs;
   uint64_t listed = 0, free_seen = 0;
+  for (unsigned b = 0; b < MP_RUN_BINS; b++)
+    if ((r->bin[b] != NIL) != (r->full[b / 64] >> (b % 64) & 1)) return MAGPOOL_EINVAL;
   for (unsigned b = 0; b < MP_RUN_BINS; b++)
     for (uint32_t s = r->bin[b], p = NIL; s != NIL; p = s, s = r->next[s]) {
       if (s >= r->n || r->head[s] == 0 || bin_of(r->head[s]) != b || r->prev[s] != p)

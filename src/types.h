@@ -191,12 +191,14 @@ enum { MP_CHUNK_UNMAPPED = 0, MP_CHUNK_MAPPED = 1, MP_CHUNK_UNMAPPING = 2 };
  *   on bin[0], linked through next/prev (by start; UINT32_MAX ends)
  * Invariants (mp_runs_check): free runs do not overlap, are never
  * adjacent (freeing coalesces), are each on the list of their length,
- * and with the blocks out (ext[] of the chunk map) tile the space. */
+ * and with the blocks out (ext[] of the chunk map) tile the space; a
+ * bin's bit in `full` is set iff its list is not empty. */
 #define MP_RUN_BINS 256
 typedef struct mp_runs {
   uint32_t n;               /* chunks in the run space                  */
   uint32_t *head, *tail, *next, *prev;
   uint32_t bin[MP_RUN_BINS];
+  uint64_t full[MP_RUN_BINS / 64]; /* bit L set <=> bin[L] != UINT32_MAX  */
   uint64_t free_chunks;
   void *lock;               /* pthread_mutex_t *                        */
 } mp_runs;
