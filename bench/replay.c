@@ -29,6 +29,7 @@ static const char usage_text[] =
     "usage: magpool-replay TRACE... [--kind host|device|pinned] [--mode sync|async]\n"
     "           [--allocator magpool|cudaMallocAsync|cudaMalloc|cub|all]\n"
     "           [--pool-size B] [--cap B] [--passes N] [--csv FILE] [--stats]\n"
+    "           [--lag N]\n"
     "\n"
     "Replays each TRACE (text or gzip: `a ID SIZE STREAM` / `f ID STREAM` lines)\n"
     "from one thread, in trace order, and prints for every pass\n"
@@ -54,6 +55,12 @@ static const char usage_text[] =
     "                   STATS trace=NAME allocator=magpool mode=M pass=P grows=N\n"
     "                   chunk_maps=N chunk_unmaps=N chunk_moves=N\n"
     "                 (that pass's growths and chunk calls, magpool_stats_t)\n"
+    "  --lag N        --mode async --kind host, magpool: the streams run behind\n"
+    "                 the replay, as a GPU runs behind its host: every N events\n"
+    "                 each stream is held at a mark until the next mark is set\n"
+    "                 (N to 2N events behind), or for 2 ms at most (so that a\n"
+    "                 wait for a stream ends).  A footprint measurement: the\n"
+    "                 passes' timing depends on the machine's scheduling\n"
     "  -h, --help     this text\n"
     "B takes a suffix K, M or G (powers of 1024), or is plain bytes.\n";
 
@@ -116,7 +123,7 @@ int main(int argc, char **argv) {
       {"allocator", required_argument, NULL, 'a'}, {"pool-size", required_argument, NULL, 's'},
       {"cap", required_argument, NULL, 'c'},       {"passes", required_argument, NULL, 'p'},
       {"csv", required_argument, NULL, 'o'},       {"help", no_argument, NULL, 'h'},
-      {"stats", no_argument, NULL, 'S'},
+      {"stats", no_argument, NULL, 'S'},         {"lag", required_argument, NULL, 'L'},
       {NULL, 0, NULL, 0}};
   opterr = 0;
   int c;
@@ -159,6 +166,14 @@ int main(int argc, char **argv) {
       }
       case 'o': csv_path = optarg; break;
       case 'S': o.stats = 1; break;
+      case 'L': {
+        char *end;
+        long v = strtol(optarg, &end, 10);
+        if (*optarg == '\0' || *end != '\0' || v < 1 || v > 100000000)
+          usage_error("--lag: `%s` is not a number from 1 to 100000000", optarg);
+        o.lag = (size_t)v;
+        break;
+      }
       case 'h': fputs(usage_text, stdout); return 0;
       default:
         usage_error("bad option `%s`", argv[optind - 1 > 0 ? optind - 1 : 0]);
@@ -168,6 +183,8 @@ int main(int argc, char **argv) {
   if (o.cap != 0 && o.cap < o.pool_size)
     usage_error("%s", "--cap is below --pool-size");
   if (!kind_given) o.kind = replay_cuda_present() ? REPLAY_DEVICE : REPLAY_HOST;
+  if (o.lag != 0 && (mode != REPLAY_ASYNC || o.kind != REPLAY_HOST || all || alloc != REPLAY_MAGPOOL))
+    usage_error("%s", "--lag needs --mode async --kind host --allocator magpool");
   else if (o.kind != REPLAY_HOST) (void)replay_cuda_present(); /* device 0, its context */
 
   if (csv_path != NULL) {

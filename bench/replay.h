@@ -79,6 +79,7 @@ typedef struct replay_opts {
   int passes;
   FILE *csv;             /* NULL: no per-event rows                       */
   int stats;             /* --stats: a STATS line after each magpool pass */
+  size_t lag;            /* --lag: host streams held N..2N events behind  */
 } replay_opts;
 
 /* The outcome of one pass. */

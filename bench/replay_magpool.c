@@ -12,10 +12,13 @@
  * async: one stream per trace stream number (host streams on HOST pools,
  *        non-blocking CUDA streams on DEVICE and PINNED pools);
  *        magpool_alloc_async on the allocation's stream,
- *        magpool_free_async on the free's own stream.
+ *        magpool_free_async on the free's own stream; with --lag, the
+ *        host streams are held behind the replay (below).
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "magpool.h"
 #include "replay.h"
@@ -23,20 +26,79 @@
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
+/* --lag (host streams): every `lag` events each stream gets a mark, a
+ * task that holds it until the next mark is set or MP_LAG_HOLD_NS have
+ * passed, so a stream runs lag to 2 * lag events behind the replay, as a
+ * GPU behind its host: its frees stay unpassed that long.  The bound in
+ * time lets a wait for the stream (magpool's out-of-memory path) end, as
+ * it would on a GPU, which finishes its work by itself. */
+#define MP_LAG_HOLD_NS 2000000L
+
+typedef struct lagger {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t opened; /* marks up to this one are open */
+} lagger;
+
+typedef struct lag_mark {
+  lagger *l;
+  uint64_t n;
+} lag_mark;
+
+static void lag_task(void *arg) {
+  lag_mark *k = arg;
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_nsec += MP_LAG_HOLD_NS;
+  if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&k->l->mu);
+  while (k->l->opened < k->n)
+    if (pthread_cond_timedwait(&k->l->cv, &k->l->mu, &dl) != 0) break;
+  pthread_mutex_unlock(&k->l->mu);
+  free(k);
+}
+
+static void lag_open(lagger *l, uint64_t upto) {
+  pthread_mutex_lock(&l->mu);
+  if (upto > l->opened) l->opened = upto;
+  pthread_cond_broadcast(&l->cv);
+  pthread_mutex_unlock(&l->mu);
+}
+
+/* Mark n on every stream, and opens mark n - 1. */
+static void lag_mark_all(lagger *lg, magpool_stream_t *st, uint32_t ns, uint64_t n) {
+  for (uint32_t k = 0; k < ns; k++) {
+    lag_mark *x = malloc(sizeof *x);
+    if (x != NULL) {
+      *x = (lag_mark){&lg[k], n};
+      if (magpool_host_stream_launch(st[k], lag_task, x) != 0) free(x);
+    }
+    lag_open(&lg[k], n - 1);
+  }
+}
+
 /* One pass.  `async` and `csv != NULL` are constants at every call site,
  * so the timed loop has no test for them. */
 static inline __attribute__((always_inline)) void
 mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptrs, int async,
-        FILE *csv, int pass, replay_result *r) {
+        FILE *csv, int pass, replay_result *r, lagger *lg, size_t lag) {
   const replay_event *ev = t->ev;
   const uint64_t *size = t->size;
   const size_t n = t->nevents;
   uint64_t live = 0, peak = 0;
   size_t i;
   r->status = REPLAY_COMPLETED;
+  /* Marks are numbered from 1 in each pass; 0 is open.  The streams ran
+   * everything of the last pass (streams_sync). */
+  for (uint32_t k = 0; lg != NULL && k < t->nstreams; k++) {
+    pthread_mutex_lock(&lg[k].mu);
+    lg[k].opened = 0;
+    pthread_mutex_unlock(&lg[k].mu);
+  }
   const uint64_t t0 = replay_now_ns();
   for (i = 0; i < n; i++) {
     const replay_event e = ev[i];
+    if (lg != NULL && i % lag == 0) lag_mark_all(lg, st, t->nstreams, i / lag + 1);
     const uint64_t sz = size[e.slot];
     if (!replay_is_free(e)) {
       void *p = async ? magpool_alloc_async(pool, sz, st[replay_stream(e)])
@@ -65,6 +127,7 @@ mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptr
     }
   }
   const uint64_t t1 = replay_now_ns();
+  for (uint32_t k = 0; lg != NULL && k < t->nstreams; k++) lag_open(&lg[k], UINT64_MAX);
   r->ns = t1 - t0;
   r->events = i < n ? i + 1 : n;
   r->fail_event = i;
@@ -116,9 +179,18 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
     fprintf(stderr, "magpool-replay: out of memory\n");
     return -1;
   }
+  lagger *lg = NULL;
   if (async) {
     st = calloc(t->nstreams, sizeof *st);
     if (st == NULL || streams_create(st, t->nstreams, cuda) != 0) goto out;
+    if (o->lag != 0 && !cuda) {
+      lg = calloc(t->nstreams, sizeof *lg);
+      if (lg == NULL) goto out;
+      for (uint32_t k = 0; k < t->nstreams; k++) {
+        pthread_mutex_init(&lg[k].mu, NULL);
+        pthread_cond_init(&lg[k].cv, NULL);
+      }
+    }
   }
 
   magpool_config_t cfg;
@@ -144,11 +216,11 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
     magpool_stats_t s0;
     if (magpool_get_stats(pool, &s0) != 0) memset(&s0, 0, sizeof s0);
     if (async) {
-      if (o->csv) mp_pass(t, pool, st, ptrs, 1, o->csv, p + 1, r);
-      else mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r);
+      if (o->csv) mp_pass(t, pool, st, ptrs, 1, o->csv, p + 1, r, lg, o->lag);
+      else mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lg, o->lag);
     } else {
-      if (o->csv) mp_pass(t, pool, st, ptrs, 0, o->csv, p + 1, r);
-      else mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r);
+      if (o->csv) mp_pass(t, pool, st, ptrs, 0, o->csv, p + 1, r, NULL, 0);
+      else mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r, NULL, 0);
     }
     magpool_stats_t s;
     if (magpool_get_stats(pool, &s) == 0) {
@@ -178,7 +250,12 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
   }
   ret = 0;
 out:
-  streams_destroy(pool, st, async ? t->nstreams : 0, cuda);
+  streams_destroy(pool, st, async ? t->nstreams : 0, cuda); /* the marks ran */
+  for (uint32_t k = 0; lg != NULL && k < t->nstreams; k++) {
+    pthread_mutex_destroy(&lg[k].mu);
+    pthread_cond_destroy(&lg[k].cv);
+  }
+  free(lg);
   if (pool != NULL) magpool_destroy(pool);
   free(st);
   free(ptrs);

@@ -12,7 +12,10 @@
 #   ends each pass with oom@K at or before event 12 (the 256 KiB request
 #   that cannot fit beside what is live); with --stats, one STATS line per
 #   pass in its format, and the default 64 MiB pool, which holds the trace,
-#   neither grows nor maps a chunk; a bad argument exits 2.
+#   neither grows nor maps a chunk; with --lag 5 (streams held behind the
+#   replay) every pass still completes with the same peak_live, and --lag
+#   with sync mode or a device pool is refused (exit 2); a bad argument
+#   exits 2.
 # footprint: the three recorded traces on a HOST pool, sync and async,
 #   2 passes: every pass completes and its ratio is within the trace's
 #   bound (gpt2_train_small 1.10, resnet50_train 1.05,
@@ -82,6 +85,17 @@ smoke)
       [ "$(field grows "$line")" = 0 ] && [ "$(field chunk_maps "$line")" = 0 ] ||
         echo "FAIL: a 64 MiB pool grew or mapped for tiny: $line"
     done | grep FAIL && fail "--stats, $m"
+  done
+  run "$dir/tiny.trace" --kind host --mode async --lag 5
+  check_lines 2
+  printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+    [ "$(field result "$line")" = completed ] && [ "$(field peak_live "$line")" = 537813 ] ||
+      echo "FAIL: --lag: $line"
+  done | grep FAIL && fail "--lag"
+  for bad in "--mode sync --kind host" "--mode async --kind device" "--mode async --kind host --lag 0"; do
+    # shellcheck disable=SC2086
+    "$bin" "$dir/tiny.trace" --lag 5 $bad > /dev/null 2>&1
+    [ $? -eq 2 ] || fail "--lag 5 $bad does not exit 2"
   done
   "$bin" "$dir/tiny.trace" --kind nowhere > /dev/null 2>&1
   [ $? -eq 2 ] || fail "a bad --kind does not exit 2"
