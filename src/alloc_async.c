@@ -132,12 +132,12 @@ out:
 /* ------------------------------------------------------------------- free */
 
 /* The slow half of free_async, after the header was validated but not yet
- * claimed. */
+ * claimed.  not_capturing: the caller has just asked (free_async_capture). */
 static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot *sl,
                                        magpool_stream_t s, void *p, _Atomic uint32_t *h,
-                                       unsigned order, size_t req) {
+                                       unsigned order, size_t req, bool not_capturing) {
   /* Anything past this point may enqueue a callback: not during capture. */
-  int cap = mp_capture_rc(pool, s);
+  int cap = not_capturing ? 0 : mp_capture_rc(pool, s);
   if (cap != 0) return cap;
   mp_hdr_clear(h); /* claim: from here on the block is ours */
   if (MP_UNLIKELY(mp_load_relaxed(&pool->tracking))) mp_track_on_free(pool, p);
@@ -163,7 +163,8 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot 
   return 0;
 }
 
-static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_stream_t s) {
+static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_stream_t s,
+                                       bool not_capturing) {
   if (MP_UNLIKELY(pool == NULL)) return MAGPOOL_EINVAL;
   if (ptr == NULL) return 0;
   /* Validate without claiming: nothing may change on an error. */
@@ -186,7 +187,7 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
   mp_sslot *sl;
   rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return rc;
-  return free_async_slow(pool, tc, sl, s, ptr, h, order, req);
+  return free_async_slow(pool, tc, sl, s, ptr, h, order, req, not_capturing);
 }
 
 /* The free fast path proper: true if it freed ptr into the thread's slot.
@@ -218,11 +219,13 @@ MP_INLINE bool free_async_hit(magpool_t *pool, mp_tcache *tc, void *ptr) {
 
 /* CUDA streams: a free recorded into a graph being captured must not make
  * its block reusable now (graph replays would keep writing it), so every
- * free asks first; free_async_slow answers MAGPOOL_ECAPTURE. */
+ * free asks first, once (the slow half does not ask again); on a capturing
+ * stream free_async_slow answers MAGPOOL_ECAPTURE, after the validation. */
 static MP_NOINLINE int free_async_capture(magpool_t *pool, mp_tcache *tc, void *ptr,
                                           magpool_stream_t s) {
-  if (mp_capture_rc(pool, s) == 0 && free_async_hit(pool, tc, ptr)) return 0;
-  return free_async_full(pool, ptr, s);
+  int cap = mp_capture_rc(pool, s);
+  if (cap == 0 && free_async_hit(pool, tc, ptr)) return 0;
+  return free_async_full(pool, ptr, s, cap == 0);
 }
 
 static inline int free_async_impl(magpool_t *pool, void *ptr, magpool_stream_t s) {
@@ -231,7 +234,7 @@ static inline int free_async_impl(magpool_t *pool, void *ptr, magpool_stream_t s
     if (MP_UNLIKELY(tc->s_check_capture)) return free_async_capture(pool, tc, ptr, s);
     if (MP_LIKELY(free_async_hit(pool, tc, ptr))) return 0;
   }
-  return free_async_full(pool, ptr, s);
+  return free_async_full(pool, ptr, s, false);
 }
 
 /* Trace recording (trace.c): the sequence number before the free. */
