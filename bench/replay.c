@@ -71,6 +71,15 @@ static void usage_error(const char *fmt, const char *arg) {
   exit(2);
 }
 
+/* A decimal number from 1 to max, else a usage error (msg names it). */
+static long parse_count(const char *s, long max, const char *msg) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (*s == '\0' || *end != '\0' || errno != 0 || v < 1 || v > max) usage_error(msg, s);
+  return v;
+}
+
 /* Bytes with an optional K, M or G suffix; -1 if s is not one. */
 static int parse_bytes(const char *s, size_t *out) {
   if (*s < '0' || *s > '9') return -1;
@@ -156,24 +165,14 @@ int main(int argc, char **argv) {
       case 'c':
         if (parse_bytes(optarg, &o.cap) != 0) usage_error("--cap: `%s` is not a size", optarg);
         break;
-      case 'p': {
-        char *end;
-        long v = strtol(optarg, &end, 10);
-        if (*optarg == '\0' || *end != '\0' || v < 1 || v > 1000)
-          usage_error("--passes: `%s` is not a number from 1 to 1000", optarg);
-        o.passes = (int)v;
+      case 'p':
+        o.passes = (int)parse_count(optarg, 1000, "--passes: `%s` is not a number from 1 to 1000");
         break;
-      }
       case 'o': csv_path = optarg; break;
       case 'S': o.stats = 1; break;
-      case 'L': {
-        char *end;
-        long v = strtol(optarg, &end, 10);
-        if (*optarg == '\0' || *end != '\0' || v < 1 || v > 100000000)
-          usage_error("--lag: `%s` is not a number from 1 to 100000000", optarg);
-        o.lag = (size_t)v;
+      case 'L':
+        o.lag = (size_t)parse_count(optarg, 100000000, "--lag: `%s` is not a number from 1 to 100000000");
         break;
-      }
       case 'h': fputs(usage_text, stdout); return 0;
       default:
         usage_error("bad option `%s`", argv[optind - 1 > 0 ? optind - 1 : 0]);
