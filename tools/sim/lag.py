@@ -5,8 +5,8 @@ measure magpool's --lag footprints against.
 
 The model: one address range, first-fit by lowest address among the free
 extents a request may use, extents split on allocation and joined with
-free neighbours of the same standing.  Sizes are the trace's (already
-rounded to 512 B by the recorder); no chunks, no rounding, no caches.
+free neighbours of the same standing.  Sizes are the trace's (a 0-byte
+request counts as 1 byte); no chunks, no rounding, no caches.
 A free on stream S at event i is:
   - at once free for later allocations on S (stream order: S's later
     work runs after its earlier work);
@@ -36,8 +36,8 @@ def load(path):
             if not line.strip() or line.startswith("#"):
                 continue
             p = line.split()
-            if p[0] == "a":
-                ev.append(("a", int(p[1]), int(p[2]), int(p[3])))
+            if p[0] == "a":  # a 0-byte request still takes an address
+                ev.append(("a", int(p[1]), max(int(p[2]), 1), int(p[3])))
             else:
                 ev.append(("f", int(p[1]), None, int(p[2])))
     return ev
