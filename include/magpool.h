@@ -233,6 +233,12 @@ typedef struct magpool_stats {
   uint64_t chunk_unmaps;     /* chunks unmapped, ever (moves included)    */
   uint64_t chunk_moves;      /* empty mapped chunks moved to where a block
                                 needed memory instead of taking more      */
+  size_t pending_at_peak_bytes; /* pending_bytes when reserved_bytes last
+                                reached peak_reserved_bytes: memory freed
+                                on streams that had not reached the frees
+                                at the peak (streams running behind their
+                                host hold that much; approximate while
+                                several threads grow the pool at once)    */
 } magpool_stats_t;
 
 /* ------------------------------------------------------------------------ */
@@ -377,7 +383,8 @@ MAGPOOL_API int magpool_trim(magpool_t *pool);
 MAGPOOL_API int magpool_get_stats(magpool_t *pool, magpool_stats_t *out);
 
 /* Restarts the high-water marks: peak_used_bytes and peak_reserved_bytes
- * become the current values.  Meant for measuring phases of a program
+ * become the current values (pending_at_peak_bytes the current
+ * pending_bytes).  Meant for measuring phases of a program
  * (the replay tool's passes).  MAGPOOL_EINVAL for NULL. */
 MAGPOOL_API int magpool_reset_peaks(magpool_t *pool);
 

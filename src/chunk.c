@@ -68,7 +68,8 @@ static void reserved_add(magpool_t *pool, int64_t chunks) {
   mp_chunks *c = pool->chunks;
   int64_t d = chunks * (int64_t)c->chunk;
   size_t now = mp_fetch_add_relaxed(&pool->reserved, (size_t)d) + (size_t)d;
-  if (d > 0) mp_max_relaxed_size(&pool->peak_reserved, now);
+  if (d > 0 && mp_max_relaxed_size(&pool->peak_reserved, now) == now) /* a new peak */
+    mp_store_relaxed(&pool->pending_at_peak, mp_load_relaxed(&pool->retire.pending_bytes));
 }
 
 /* The mapped bitmap (under the lock). */

@@ -60,7 +60,8 @@ static int region_add(magpool_t *pool, size_t bytes, void *base, size_t tree_byt
   mp_store_release(&pool->nregions, n + 1);
   if (whole) { /* a chunked region's memory is counted as it is mapped */
     size_t now = mp_fetch_add_relaxed(&pool->reserved, bytes) + bytes;
-    mp_max_relaxed_size(&pool->peak_reserved, now);
+    if (mp_max_relaxed_size(&pool->peak_reserved, now) == now) /* a new peak */
+      mp_store_relaxed(&pool->pending_at_peak, mp_load_relaxed(&pool->retire.pending_bytes));
   }
   return 0;
 fail_hdr:

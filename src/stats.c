@@ -93,6 +93,8 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   int64_t now = (int64_t)(out->used_bytes + out->cached_bytes + out->pending_bytes);
   out->peak_used_bytes = (size_t)mp_max_relaxed(&pool->peak, now);
   out->peak_reserved_bytes = mp_max_relaxed_size(&pool->peak_reserved, out->reserved_bytes);
+  int64_t pp = mp_load_relaxed(&pool->pending_at_peak);
+  out->pending_at_peak_bytes = pp > 0 ? (size_t)pp : 0;
   return 0;
 }
 
@@ -102,6 +104,7 @@ int magpool_reset_peaks(magpool_t *pool) {
   magpool_get_stats(pool, &st);
   mp_store_relaxed(&pool->peak, (int64_t)(st.used_bytes + st.cached_bytes + st.pending_bytes));
   mp_store_relaxed(&pool->peak_reserved, st.reserved_bytes);
+  mp_store_relaxed(&pool->pending_at_peak, (int64_t)st.pending_bytes);
   return 0;
 }
 

@@ -465,6 +465,7 @@ struct magpool_s {
   _Atomic int64_t tree_out;    /* bytes handed out by the trees, batched */
   _Atomic int64_t peak;
   _Atomic size_t peak_reserved; /* high-water mark of reserved         */
+  _Atomic int64_t pending_at_peak; /* retire.pending_bytes at its rise */
   _Atomic uint64_t held_extra; /* acct.held of settled local accounts   */
 
   _Atomic(mp_tcache *) tcaches;/* push-only list of thread records      */

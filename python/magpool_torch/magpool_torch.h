@@ -39,6 +39,7 @@ typedef struct magpool_torch_stats {
   uint64_t chunk_maps;        /* the pool's chunk_maps, chunk_unmaps */
   uint64_t chunk_unmaps;      /* and chunk_moves (magpool_stats_t):  */
   uint64_t chunk_moves;       /* driver calls of tens of us each     */
+  uint64_t pending_at_peak;   /* the pool's pending_at_peak_bytes    */
 } magpool_torch_stats;
 
 /* The CUDAPluggableAllocator alloc entry point: size bytes on device,

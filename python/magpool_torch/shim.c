@@ -246,6 +246,7 @@ SHIM_API int magpool_torch_get_stats(int device, magpool_torch_stats *out) {
       out->chunk_maps = st.chunk_maps;
       out->chunk_unmaps = st.chunk_unmaps;
       out->chunk_moves = st.chunk_moves;
+      out->pending_at_peak = st.pending_at_peak_bytes;
     }
     out->pool_created = 1;
   }

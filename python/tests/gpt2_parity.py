@@ -212,11 +212,11 @@ def compare(args):
             st = reps[-1][r].get("magpool_stats")
             if st:
                 print("MAGPOOL allocator=%s rank=%d grow_count=%d chunk_maps=%d chunk_moves=%d "
-                      "alloc_ms_per_step=%.2f "
+                      "pending_at_peak_mib=%.0f alloc_ms_per_step=%.2f "
                       "free_ms_per_step=%.2f slow_allocs=%d max_alloc_ms=%.2f allocs=%d "
                       "first_step_ms=%.1f" % (
                           alloc, r, st["magpool.grow_count"], st["magpool.chunk_maps"],
-                          st["magpool.chunk_moves"],
+                          st["magpool.chunk_moves"], st.get("magpool.pending_at_peak", 0) / 2**20,
                           st["magpool.alloc_ns"] / 1e6 / args.steps,
                           st["magpool.free_ns"] / 1e6 / args.steps, st["magpool.slow_allocs"],
                           st["magpool.max_alloc_ns"] / 1e6, st["allocation.all.allocated"],

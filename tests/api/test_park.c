@@ -233,7 +233,8 @@ Test(park, a_new_peak_takes_back_what_a_passed_stream_parked, .timeout = 60) {
 
 /* The same with T blocked: the run T parked goes behind T, where S cannot
  * have it (T has not passed the free): S's request gets new memory, and
- * the run is pending until T passes. */
+ * the run is pending until T passes.  The new peak records that pending
+ * run (pending_at_peak_bytes), after T passed too, until reset_peaks. */
 Test(park, a_new_peak_never_takes_what_a_blocked_stream_parked, .timeout = 60) {
   const size_t PS = 64 * MiB;
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1});
@@ -252,10 +253,19 @@ Test(park, a_new_peak_never_takes_what_a_blocked_stream_parked, .timeout = 60) {
   cr_assert_eq(st.pending_bytes, 8 * MiB, "T's park was not retired behind T (pending %zu)",
                st.pending_bytes);
   cr_assert_eq(st.cached_bytes, 0);
+  cr_assert_gt(st.peak_reserved_bytes, PS, "y did not raise the peak");
+  cr_assert_eq(st.pending_at_peak_bytes, 8 * MiB, "pending at the peak: %zu",
+               st.pending_at_peak_bytes);
   mpt_assert_conserved(pool);
   cr_assert_eq(magpool_free_async(pool, y, S), 0);
   cr_assert_eq(magpool_free(pool, fill), 0);
   gate_release(&g, T);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.pending_at_peak_bytes, 8 * MiB, "the peak's record moved without a new peak");
+  cr_assert_eq(magpool_reset_peaks(pool), 0);
+  cr_assert_eq(mpt_stats(pool).pending_at_peak_bytes, 0);
   cr_assert_eq(magpool_trim(pool), 0);
   magpool_stream_t s[] = {S, T};
   finish(pool, PS, s, 2);
