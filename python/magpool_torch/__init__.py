@@ -50,7 +50,8 @@ class _Stats(ctypes.Structure):
         "allocated_current", "allocated_peak", "reserved_current", "reserved_peak",
         "num_alloc_retries", "num_ooms", "alloc_count", "free_count", "live_count",
         "pool_created", "grow_count", "alloc_ns", "free_ns", "slow_allocs", "max_alloc_ns",
-        "chunk_maps", "chunk_unmaps", "chunk_moves", "pending_at_peak")]
+        "chunk_maps", "chunk_unmaps", "chunk_moves", "pending_at_peak", "cached_current",
+        "free_current", "pending_current")]
 
 
 def library_path():
@@ -173,8 +174,10 @@ def memory_stats(device=None):
     grow_count, chunk_maps, chunk_unmaps and chunk_moves (the pool's chunk
     calls, each a driver call of tens of us), pending_at_peak (bytes freed
     on streams that had not reached the frees when reserved bytes last
-    peaked), and the time spent in the allocator's entry points (alloc_ns,
-    free_ns, slow_allocs over 100 us, max_alloc_ns)."""
+    peaked), cached_bytes, free_bytes and pending_bytes (magpool_stats_t's,
+    now: where reserved memory that holds no live block is), and the time
+    spent in the allocator's entry points (alloc_ns, free_ns, slow_allocs
+    over 100 us, max_alloc_ns)."""
     st = _Stats()
     if _load().magpool_torch_get_stats(_device_index(device), ctypes.byref(st)) != 0:
         raise ValueError("magpool_torch.memory_stats: bad device %r" % (device,))
@@ -198,6 +201,9 @@ def memory_stats(device=None):
         "magpool.chunk_unmaps": st.chunk_unmaps,
         "magpool.chunk_moves": st.chunk_moves,
         "magpool.pending_at_peak": st.pending_at_peak,
+        "magpool.cached_bytes": st.cached_current,
+        "magpool.free_bytes": st.free_current,
+        "magpool.pending_bytes": st.pending_current,
     }
 
 

@@ -40,6 +40,9 @@ typedef struct magpool_torch_stats {
   uint64_t chunk_unmaps;      /* and chunk_moves (magpool_stats_t):  */
   uint64_t chunk_moves;       /* driver calls of tens of us each     */
   uint64_t pending_at_peak;   /* the pool's pending_at_peak_bytes    */
+  uint64_t cached_current;    /* the pool's cached_bytes, free_bytes */
+  uint64_t free_current;      /* and pending_bytes now               */
+  uint64_t pending_current;
 } magpool_torch_stats;
 
 /* The CUDAPluggableAllocator alloc entry point: size bytes on device,

@@ -247,6 +247,9 @@ SHIM_API int magpool_torch_get_stats(int device, magpool_torch_stats *out) {
       out->chunk_unmaps = st.chunk_unmaps;
       out->chunk_moves = st.chunk_moves;
       out->pending_at_peak = st.pending_at_peak_bytes;
+      out->cached_current = st.cached_bytes;
+      out->free_current = st.free_bytes;
+      out->pending_current = st.pending_bytes;
     }
     out->pool_created = 1;
   }

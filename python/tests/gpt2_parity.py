@@ -84,7 +84,7 @@ def child(args):
     side = torch.cuda.Stream(dev)
     with torch.cuda.stream(side):
         nxt = tokens[0].to(dev)
-    losses, gnorms, times = [], [], []
+    losses, gnorms, times, ends = [], [], [], []
     torch.cuda.synchronize(dev)
     st_warm = None
     for step in range(args.steps):
@@ -111,11 +111,18 @@ def child(args):
         del batch, out, loss, gn         # batch: freed on side, which waited for main
         torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
+        if args.allocator == "magpool":  # where reserved memory is, after each step
+            import magpool_torch as mt
+            s = mt.memory_stats(dev)
+            ends.append([s[k] for k in ("reserved_bytes.all.current", "allocated_bytes.all.current",
+                                        "magpool.cached_bytes", "magpool.free_bytes",
+                                        "magpool.pending_bytes")])
     res = {"allocator": args.allocator, "rank": rank, "world": world,
            "losses": [x.hex() for x in losses], "gnorms": [x.hex() for x in gnorms],
            "loss_first": losses[0], "loss_last": losses[-1],
            "step_ms": [t * 1e3 for t in times],
-           "mean_step_ms": 1e3 * sum(times[args.warmup:]) / len(times[args.warmup:])}
+           "mean_step_ms": 1e3 * sum(times[args.warmup:]) / len(times[args.warmup:]),
+           "step_ends": ends}
     if args.allocator == "magpool":
         import magpool_torch as mt
         st = mt.memory_stats(dev)
@@ -231,6 +238,11 @@ def compare(args):
                           sd["magpool.free_ns"] / 1e6 / n, sd["magpool.slow_allocs"],
                           sd["magpool.chunk_maps"], sd["magpool.chunk_moves"],
                           sd["magpool.grow_count"]))
+            se = reps[-1][r].get("step_ends")
+            if se:  # after the last step: where the reserved memory is
+                print("MAGPOOL_END allocator=%s rank=%d reserved_mib=%.0f allocated_mib=%.0f "
+                      "cached_mib=%.0f free_mib=%.0f pending_mib=%.0f" % (
+                          (alloc, r) + tuple(x / 2**20 for x in se[-1])))
     sys.exit(0 if ok else 1)
 
 
