@@ -215,7 +215,10 @@ typedef struct magpool_stats {
   size_t cached_bytes;       /* free blocks held by thread caches, depots
                                 and stream caches, ready for reuse         */
   size_t pending_bytes;      /* blocks freed on streams that have not yet
-                                reached the free                           */
+                                reached the free; on chunked pools this
+                                includes runs (blocks of a chunk or more)
+                                given back at once for their own stream's
+                                reuse only ("fenced", magpool_alloc_async) */
   size_t free_bytes;         /* bytes free in the tree (chunked pools: in
                                 the mapped chunks)                         */
   size_t largest_free_block; /* largest block the tree can hand out now,
@@ -379,7 +382,10 @@ MAGPOOL_API int magpool_trim(magpool_t *pool);
 /* Fills *out with a snapshot of the pool's statistics, from counters kept
  * per thread and per depot, and the trees' summaries for the largest free
  * block; no bitmap is scanned.  O(threads that used the pool + tree levels
- * + streams in use with the pool).  MAGPOOL_EINVAL for NULL arguments. */
+ * + streams in use with the pool).  On a chunked pool it first gives back
+ * the stream frees whose streams have passed them (as any allocation's
+ * slow path does), so that pending_bytes counts only frees still waiting.
+ * MAGPOOL_EINVAL for NULL arguments. */
 MAGPOOL_API int magpool_get_stats(magpool_t *pool, magpool_stats_t *out);
 
 /* Restarts the high-water marks: peak_used_bytes and peak_reserved_bytes
@@ -416,9 +422,14 @@ MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
  * allocations on s at once: a thread's own small blocks by that thread,
  * and any block, of any size, by every thread's allocations on s; any
  * other allocation (another stream, the synchronous API) gets them only
- * once s has passed the free.  s may be NULL: the legacy default stream on
- * DEVICE and PINNED pools; "no stream" (same as magpool_alloc) on HOST
- * pools.  Errors as magpool_alloc, plus MAGPOOL_ECUDA if a CUDA call
+ * once s has passed the free.  On chunked pools, a block of a chunk or
+ * more that is retired behind s before s has passed its free (the stream
+ * caches' budgets, a new peak, trim, magpool_stream_release) goes back to
+ * the pool's free runs at once, marked for s ("fenced"): s's requests of
+ * any size may use its chunks, alone or joined with free ones; others only
+ * once s has passed the free and the pool has seen it (a completed stream
+ * callback).  s may be NULL: the legacy default stream on DEVICE and
+ * PINNED pools; "no stream" (same as magpool_alloc) on HOST pools.  Errors as magpool_alloc, plus MAGPOOL_ECUDA if a CUDA call
  * failed, and MAGPOOL_EINVAL for a stream of the wrong kind where that can
  * be told.  Stream capture: the first call for s on a thread (and the first
  * after any magpool_stream_release) fails with MAGPOOL_ECAPTURE while s is

@@ -48,6 +48,9 @@ static int stream_precheck(magpool_t *pool, magpool_stream_t s) {
 
 /* ------------------------------------------------------------------ alloc */
 
+static void *alloc_on_stream(magpool_t *pool, mp_tcache *tc, mp_sslot *sl, unsigned order,
+                             size_t size, magpool_stream_t s);
+
 static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_stream_t s) {
   if (MP_UNLIKELY(pool == NULL)) return mp_fail(MAGPOOL_EINVAL);
   mp_sslot *sl = NULL;
@@ -63,6 +66,16 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
   rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
+  /* Runs fenced by s (runs.h) are s's at once: its takes may use them. */
+  tc->acct.fence_owner = sl != NULL ? sl->e->key : 0;
+  void *p = alloc_on_stream(pool, tc, sl, order, size, s);
+  tc->acct.fence_owner = 0;
+  return p;
+}
+
+/* alloc_async_full on a known stream: its slot, its park, the tree. */
+static void *alloc_on_stream(magpool_t *pool, mp_tcache *tc, mp_sslot *sl, unsigned order,
+                             size_t size, magpool_stream_t s) {
   if (sl != NULL) {
     void *p = order < pool->s_nclasses ? mp_slot_pop_owner(pool, sl, order) : NULL;
     /* Then what any thread freed on s: free for s at once. */
@@ -159,7 +172,8 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot 
   m->slot[0] = p;
   m->count = 1;
   mp_store_relaxed(&m->next, NULL);
-  mp_retire_chain(pool, sl != NULL ? &sl->e->pending : NULL, s, m, passed);
+  mp_retire_chain(pool, sl != NULL ? &sl->e->pending : NULL, sl != NULL ? sl->e->key : 0, s, m,
+                  passed);
   return 0;
 }
 

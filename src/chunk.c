@@ -40,7 +40,7 @@
  * the unmap.  Only the lock holder changes state and the mapped bitmap;
  * takers read a MAPPED store with seq_cst (ACQUIRE), after the map.
  * Run space: stores and a fence for the RMWs (busy_sub). */
-#include "internal.h"
+#include "runs.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -69,7 +69,8 @@ static void reserved_add(magpool_t *pool, int64_t chunks) {
   int64_t d = chunks * (int64_t)c->chunk;
   size_t now = mp_fetch_add_relaxed(&pool->reserved, (size_t)d) + (size_t)d;
   if (d > 0 && mp_max_relaxed_size(&pool->peak_reserved, now) == now) /* a new peak */
-    mp_store_relaxed(&pool->pending_at_peak, mp_load_relaxed(&pool->retire.pending_bytes));
+    mp_store_relaxed(&pool->pending_at_peak,
+                     mp_load_relaxed(&pool->retire.pending_bytes) + (int64_t)mp_runs_fenced_bytes(pool));
 }
 
 /* The mapped bitmap (under the lock). */
@@ -204,7 +205,7 @@ static uint64_t count_empty(mp_chunks *c, uint64_t enough) {
  * whenever the pool reaches a new peak); the out-of-memory ladder waits
  * for them when nothing else is left. */
 static bool returning_covers(const magpool_t *pool, size_t bytes) {
-  int64_t r = mp_load_relaxed(&pool->retire.ready_bytes);
+  int64_t r = mp_load_relaxed(&pool->retire.ready_bytes) + mp_load_relaxed(&pool->retire.ready_fenced);
   return r > 0 && (size_t)r >= bytes;
 }
 
@@ -255,8 +256,9 @@ static extent extent_of(const magpool_t *pool, const char *p, unsigned order, si
 
 /* A run-space chunk belongs to one run at a time, handed over under the
  * runs' lock (give_run counts down before mp_runs_free, take_run up after
- * mp_runs_alloc): stores, not RMWs (docs/design.md, chunked pools).  Down:
- * RELEASE (the block's last use happens before an unmap that reads 0). */
+ * mp_runs_alloc; a failed take's are counted down by mp_runs_putback):
+ * stores, not RMWs (docs/design.md, chunked pools).  Down: RELEASE (the
+ * block's last use happens before an unmap that reads 0). */
 static inline bool owned(const mp_chunks *c, const extent *e) { return e->first >= c->run0; }
 
 static void busy_sub(magpool_t *pool, const extent *e) {
@@ -290,10 +292,14 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   /* Run space: relaxed stores, then one seq_cst fence before the state
    * loads stands for the RMWs in the store-buffer argument above. */
   bool own = owned(c, &e);
-  uint64_t fresh = own ? e.n : 0;
+  uint64_t fresh = 0;
   for (uint64_t i = e.first; i < e.first + e.n; i++)
-    if (own) mp_store_relaxed(&c->busy[i], (uint32_t)e.units);
-    else fresh += mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0;
+    if (own) { /* a fenced chunk (runs.h) is busy already */
+      fresh += mp_load_relaxed(&c->busy[i]) == 0;
+      mp_store_relaxed(&c->busy[i], (uint32_t)e.units);
+    } else {
+      fresh += mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0;
+    }
   if (own) mp_fence_seq_cst();
   if (fresh != 0) {
     uint64_t nb = mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
@@ -301,7 +307,7 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
      * frees on their way back could keep it where it is (the caller
      * waits for them, then asks again with grow). */
     if (nb > mp_load_relaxed(&c->hwm) && !grow && returning_covers(pool, c->chunk)) {
-      busy_sub(pool, &e);
+      if (!own) busy_sub(pool, &e); /* a run: mp_runs_putback */
       return MP_EGROW;
     }
     mp_max_relaxed_u64(&c->hwm, nb);
@@ -335,7 +341,7 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
     i = j;
   }
   pthread_mutex_unlock(lk);
-  if (rc != 0) busy_sub(pool, &e); /* the caller gives the block back */
+  if (rc != 0 && !own) busy_sub(pool, &e); /* the caller gives the block back */
   return rc;
 }
 
@@ -361,19 +367,6 @@ void mp_chunks_release_n(magpool_t *pool, char *p, unsigned order, uint32_t k) {
   if (MP_UNLIKELY(c->release != UINT64_MAX) &&
       mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release)
     release_excess(pool);
-}
-
-unsigned mp_chunks_empty_low(magpool_t *pool, uint64_t *out, unsigned max) {
-  mp_chunks *c = pool->chunks;
-  unsigned k = 0;
-  pthread_mutex_lock(lock_of(c));
-  for (uint64_t wi = 0; wi < c->run0 / 64 && k < max; wi++)
-    for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && k < max; w &= w - 1) {
-      uint64_t i = wi * 64 + mp_ctz64(w);
-      if (mp_load_relaxed(&c->busy[i]) == 0) out[k++] = i;
-    }
-  pthread_mutex_unlock(lock_of(c));
-  return k;
 }
 
 void mp_chunks_trim(magpool_t *pool) {

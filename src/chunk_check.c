@@ -1,7 +1,11 @@
 /* chunk_check.c - the chunk map's checker (C1-C6, types.h: struct
- * mp_chunks) and the counts the pool's checker and stats read.  Layer 2,
- * beside chunk.c.  All on a quiescent pool: relaxed reads, no lock. */
+ * mp_chunks) and the counts the pool's checker and stats read, on a
+ * quiescent pool (relaxed reads, no lock); and the empty mapped chunks
+ * the tree's placement asks for (under the map's lock).  Layer 2, beside
+ * chunk.c. */
 #include "internal.h"
+
+#include <pthread.h>
 
 int mp_chunks_check(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
@@ -44,4 +48,17 @@ uint64_t mp_chunks_out_bytes(const magpool_t *pool) {
 
 bool mp_chunks_busy(const magpool_t *pool, uint64_t chunk) {
   return mp_load_relaxed(&pool->chunks->busy[chunk]) != 0;
+}
+
+unsigned mp_chunks_empty_low(magpool_t *pool, uint64_t *out, unsigned max) {
+  mp_chunks *c = pool->chunks;
+  unsigned k = 0;
+  pthread_mutex_lock((pthread_mutex_t *)c->lock);
+  for (uint64_t wi = 0; wi < c->run0 / 64 && k < max; wi++)
+    for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && k < max; w &= w - 1) {
+      uint64_t i = wi * 64 + mp_ctz64(w);
+      if (mp_load_relaxed(&c->busy[i]) == 0) out[k++] = i;
+    }
+  pthread_mutex_unlock((pthread_mutex_t *)c->lock);
+  return k;
 }

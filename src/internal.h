@@ -205,6 +205,12 @@ void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t ne
  * RELEASE (tree): the caller's writes to the block happen before the next
  * owner's. */
 void mp_region_give(magpool_t *pool, mp_acct *a, void *p, unsigned order);
+/* A run p freed on a stream that has not passed the free: back to the
+ * free runs fenced by (tag, owner) (runs.h), its chunks kept busy; its
+ * run-space range in range[0..1].  false (nothing done) if p is not a
+ * run. */
+bool mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
+                     uint64_t owner, uint32_t *range);
 /* The same without merging (lazy coalescing). */
 void mp_region_give_lazy(magpool_t *pool, mp_acct *a, void *p, unsigned order);
 /* Gives `n` (<= MP_MAG_SLOTS) blocks of one order back: sorts them by
@@ -226,7 +232,7 @@ void mp_chunks_fini(magpool_t *pool);
 /* Counts the extent of block (p, order) busy (need: bytes from p that must
  * be backed; blocks under a chunk are backed whole) and maps what is not
  * mapped, moving empty chunks under the budget.  MAGPOOL_ENOMEM (nothing
- * counted) if the cap does not allow it, MP_EGROW if it would create
+ * counted, but a run's counts stay for mp_runs_putback) if the cap does not allow it, MP_EGROW if it would create
  * memory while returning stream frees could cover it and !grow, or move
  * chunks and grow is MP_TAKE_NOMOVE; or the source's error. */
 int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int grow);
@@ -247,15 +253,6 @@ int mp_chunks_check(magpool_t *pool);
 uint64_t mp_chunks_out_bytes(const magpool_t *pool);
 bool mp_chunks_busy(const magpool_t *pool, uint64_t chunk);
 
-/* runs.c - runs of chunks for large blocks (types.h, mp_runs), layer 2.
- * Any thread (one mutex).  Run-space chunk numbers. */
-int mp_runs_init(magpool_t *pool, uint32_t n);
-void mp_runs_fini(magpool_t *pool);
-/* A free run of m chunks (placement: runs.c), or -1 if none. */
-int64_t mp_runs_alloc(magpool_t *pool, uint32_t m);
-void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m);
-/* The run invariants on a quiescent pool: 0 or MAGPOOL_EINVAL. */
-int mp_runs_check(magpool_t *pool);
 /* Adds a->tree_delta to the pool's tree_out and raises the peak.  Owner
  * of a; relaxed (a statistic). */
 void mp_acct_flush(magpool_t *pool, mp_acct *a);
@@ -291,11 +288,13 @@ void mp_mags_destroy(magpool_t *pool);
 /* Queues the magazines of `chain` behind all work enqueued on stream h so
  * far: one callback, or none if h has passed them (`passed`: -1 ask h, 0
  * it has not, 1 it has).  `pending` (or NULL) counts the batch for its
- * entry.  If no callback can be enqueued it waits for the stream.  Any
- * thread, no lock (an entry lock holder keeps h alive).  RELEASE: the
- * caller's writes happen before the callback. */
-void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain,
-                     int passed);
+ * entry; with `owner` (the entry's key, or 0) a chunked pool's runs go
+ * back to the free runs at once, fenced (runs.h), and the batch's drain
+ * unfences them.  If no callback can be enqueued it waits for the
+ * stream.  Any thread, no lock (an entry lock holder keeps h alive).
+ * RELEASE: the caller's writes happen before the callback. */
+void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, uint64_t owner, magpool_stream_t h,
+                     mp_mag *chain, int passed);
 /* Gives every ready batch's blocks to the trees (lazy coalescing of stream
  * frees).  a may be NULL.  Any thread, concurrently with itself and with
  * callbacks: it takes the whole list with one ACQUIRE exchange.  Returns

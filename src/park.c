@@ -276,7 +276,7 @@ bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, uns
     }
   }
   park_unlock(k);
-  if (old != NULL) mp_retire_chain(pool, &e->pending, s, old, *passed);
+  if (old != NULL) mp_retire_chain(pool, &e->pending, e->key, s, old, *passed);
   return ok;
 }
 
@@ -311,7 +311,7 @@ bool mp_park_put_chain(magpool_t *pool, mp_sentry *e, magpool_stream_t s, mp_mag
     MP_HOOK(MP_HOOK_PARK_PUT, k);
   }
   park_unlock(k);
-  if (old != NULL) mp_retire_chain(pool, &e->pending, s, old, -1);
+  if (old != NULL) mp_retire_chain(pool, &e->pending, e->key, s, old, -1);
   return ok;
 }
 
@@ -346,5 +346,5 @@ void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
   if (mp_load_relaxed(&e->park.bytes) == 0 || pool->sops->capturing(pool->src_ctx, s) != 0)
     return;
   mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
-  if (chain != NULL) mp_retire_chain(pool, &e->pending, s, chain, -1);
+  if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, s, chain, -1);
 }

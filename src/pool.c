@@ -305,7 +305,8 @@ void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size
         /* ready_bytes, not the list: it falls only once a drainer (maybe
          * another thread, list already taken) has given the blocks back. */
         (mp_load_acquire(&pool->retire.pending_batches) != 0 ||
-         mp_load_acquire(&pool->retire.ready_bytes) != 0) &&
+         mp_load_acquire(&pool->retire.ready_bytes) != 0 ||
+         mp_load_acquire(&pool->retire.ready_fenced) != 0) &&
         could_fit(pool, order, size))
       continue;
     void *p = retake(pool, tc, order, size);

@@ -12,7 +12,7 @@
  * tree_out and peak counters in steps of MP_PEAK_BATCH, so that a slow path
  * rarely writes a shared line.
  */
-#include "internal.h"
+#include "runs.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -158,11 +158,11 @@ static inline bool is_run(const magpool_t *pool, const void *p) {
 static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow) {
   mp_chunks *c = pool->chunks;
   uint32_t m = (uint32_t)mp_chunks_for(c, need);
-  int64_t s = mp_runs_alloc(pool, m);
+  int64_t s = mp_runs_alloc(pool, m, a->fence_owner);
   if (s < 0) return NULL;
   char *p = c->base + ((size_t)(c->run0 + (uint64_t)s) << c->shift);
   if (mp_chunks_acquire(pool, p, order, need, grow) != 0) {
-    mp_runs_free(pool, (uint32_t)s, m);
+    mp_runs_putback(pool, (uint32_t)s, m);
     return NULL;
   }
   acct_add(pool, a, (int64_t)mp_block_cost(pool, p, order));
@@ -176,6 +176,18 @@ static void give_run(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
   uint64_t first = ((uint64_t)((char *)p - c->base) >> c->shift) - c->run0;
   mp_runs_free(pool, (uint32_t)first, (uint32_t)(cost >> c->shift));
   acct_add(pool, a, -(int64_t)cost);
+}
+
+bool mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
+                     uint64_t owner, uint32_t *range) {
+  if (!is_run(pool, p)) return false;
+  mp_chunks *c = pool->chunks;
+  size_t cost = mp_block_cost(pool, p, order);
+  range[0] = (uint32_t)(((uint64_t)((char *)p - c->base) >> c->shift) - c->run0);
+  range[1] = (uint32_t)(cost >> c->shift);
+  mp_runs_fence(pool, range[0], range[1], tag, owner);
+  acct_add(pool, a, -(int64_t)cost);
+  return true;
 }
 
 /* Empty mapped chunks tried before a small block opens an unmapped one. */

@@ -16,7 +16,7 @@
  * Accounting: a batch's bytes are pending from retire until its callback,
  * then ready until a drain gives them to the trees.
  */
-#include "internal.h"
+#include "runs.h"
 
 #include <sched.h>
 #include <stdlib.h>
@@ -47,6 +47,7 @@ static void batch_done(void *arg, int status) {
    * ready list a drainer may free it. */
   _Atomic int64_t *pending = b->pending;
   mp_fetch_add_relaxed(&rt->ready_bytes, b->bytes);
+  mp_fetch_add_relaxed(&rt->ready_fenced, b->fbytes);
   mp_fetch_add_relaxed(&rt->pending_bytes, -b->bytes);
   ready_push_mp(rt, b);
   mp_fetch_add_acq_rel(pending, -1);
@@ -55,8 +56,39 @@ static void batch_done(void *arg, int status) {
   mp_fetch_add_acq_rel(&rt->pending_batches, -1);
 }
 
-void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, mp_mag *chain,
-                     int passed) {
+/* The runs of `chain` go back to the free runs fenced by (a new tag,
+ * owner) (runs.h), noted in b; returns what is left of the chain.  No
+ * host memory for the note: nothing is fenced. */
+static mp_mag *fence_runs(magpool_t *pool, mp_batch *b, uint64_t owner, mp_mag *chain) {
+  uint32_t n = 0;
+  for (mp_mag *m = chain; m != NULL; m = mp_load_relaxed(&m->next))
+    if (mp_run_order(pool, m->order)) n += m->count;
+  if (n == 0 || (b->fr = malloc(2 * sizeof *b->fr * n)) == NULL) return chain;
+  b->tag = mp_runs_tag(pool);
+  mp_acct a = {0, 0, 0};
+  mp_mag *keep = NULL;
+  for (mp_mag *m = chain, *mn; m != NULL; m = mn) {
+    mn = mp_load_relaxed(&m->next);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < m->count; i++)
+      if (!mp_region_fence(pool, &a, m->slot[i], m->order, b->tag, owner, &b->fr[2 * b->nfr]))
+        m->slot[k++] = m->slot[i];
+      else
+        b->fbytes += (int64_t)b->fr[2 * b->nfr++ + 1] << pool->chunks->shift;
+    m->count = k;
+    if (k == 0) {
+      mp_mag_free(pool, m);
+      continue;
+    }
+    mp_store_relaxed(&m->next, keep);
+    keep = m;
+  }
+  mp_acct_settle(pool, &a);
+  return keep;
+}
+
+void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, uint64_t owner, magpool_stream_t h,
+                     mp_mag *chain, int passed) {
   mp_retire *rt = &pool->retire;
   /* A stream that has finished everything queued on it has passed these
    * frees already: the blocks go to the trees now, no batch. */
@@ -64,7 +96,7 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t
   mp_batch *b = passed ? NULL : malloc(sizeof *b);
   if (b == NULL) { /* passed, or no host memory: wait for the stream, then free */
     if (!passed) pool->sops->sync(pool->src_ctx, h);
-    mp_acct a = {0, 0};
+    mp_acct a = {0, 0, 0};
     mp_chain_give(pool, &a, chain);
     mp_acct_settle(pool, &a);
     return;
@@ -72,6 +104,10 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t
   if (pending == NULL) pending = &rt->orphan_pending;
   b->pool = pool;
   b->pending = pending;
+  b->fr = NULL;
+  b->nfr = b->tag = 0;
+  b->fbytes = 0;
+  if (owner != 0 && pool->chunks != NULL) chain = fence_runs(pool, b, owner, chain);
   b->mags = chain;
   b->bytes = 0;
   for (mp_mag *m = chain; m != NULL; m = mp_load_relaxed(&m->next))
@@ -92,14 +128,17 @@ size_t mp_retire_drain(magpool_t *pool, mp_acct *a) {
   mp_retire *rt = &pool->retire;
   if (mp_load_relaxed(&rt->ready) == NULL) return 0;
   mp_batch *b = ready_take_all(rt);
-  mp_acct local = {0, 0};
+  mp_acct local = {0, 0, 0};
   mp_acct *acct = a != NULL ? a : &local;
   size_t n = 0;
   while (b != NULL) {
     mp_batch *next = b->next;
     for (mp_mag *m = b->mags; m != NULL; m = mp_load_relaxed(&m->next)) n += m->count;
     mp_chain_give(pool, acct, b->mags);
+    if (b->nfr != 0) mp_runs_unfence(pool, b->fr, b->nfr, b->tag);
     mp_fetch_add_relaxed(&rt->ready_bytes, -b->bytes);
+    mp_fetch_add_relaxed(&rt->ready_fenced, -b->fbytes);
+    free(b->fr);
     free(b);
     b = next;
   }
@@ -130,6 +169,7 @@ void mp_retire_fini(magpool_t *pool) {
   mp_batch *b = ready_take_all(rt);
   while (b != NULL) {
     mp_batch *n = b->next;
+    free(b->fr);
     free(b); /* its magazines live in the pool's slabs */
     b = n;
   }

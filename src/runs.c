@@ -18,8 +18,10 @@
  * no mapped chunk: it is taken only when nothing scores higher.
  * One mutex: large allocations are rare next to small ones, and each
  * costs a scan of the free runs, not a system call.
+ * Fenced free runs (runs.h): a take that may not use a fenced chunk
+ * looks at the pieces of each free run between such chunks.
  */
-#include "internal.h"
+#include "runs.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -99,40 +101,85 @@ static uint32_t next_full(const mp_runs *r, uint32_t L) {
   return MP_RUN_BINS;
 }
 
+static inline bool fbit(const mp_runs *r, uint32_t k) { return r->fbits[k / 64] >> (k % 64) & 1; }
+static inline void fbit_put(mp_runs *r, uint32_t k, bool on) {
+  uint64_t b = (uint64_t)1 << (k % 64);
+  r->fbits[k / 64] = on ? r->fbits[k / 64] | b : r->fbits[k / 64] & ~b;
+  mp_store_relaxed(&r->nfenced, mp_load_relaxed(&r->nfenced) + (on ? 1 : (uint64_t)-1));
+}
+
+/* The first chunk in [i, end) fenced by another than `owner` (any fenced
+ * one if owner is 0); end if none.  Chunks at or above `top` were never
+ * mapped, so never fenced. */
+static uint32_t next_foreign(const mp_runs *r, uint32_t i, uint32_t end, uint32_t top,
+                             uint64_t owner) {
+  uint32_t e = end < top ? end : top;
+  for (uint32_t wi = i / 64; i < e && wi <= (e - 1) / 64; wi++) {
+    uint64_t w = r->fbits[wi] & (wi == i / 64 ? ~(uint64_t)0 << (i % 64) : ~(uint64_t)0);
+    for (; w != 0; w &= w - 1) {
+      uint32_t k = wi * 64 + mp_ctz64(w);
+      if (k >= e) return end;
+      if (owner == 0 || r->owner[k] != owner) return k;
+    }
+  }
+  return end;
+}
+
 typedef struct pick {
   uint32_t run, at, score, len;
   bool found;
 } pick;
 
-static void window(const mp_chunks *c, pick *b, uint32_t s, uint32_t len, uint32_t m, uint32_t at) {
+static void window(const mp_chunks *c, pick *b, uint32_t run, uint32_t len, uint32_t m,
+                   uint32_t at) {
   uint32_t sc = mapped_in(c, at, m);
   if (!b->found || sc > b->score || (sc == b->score && (len < b->len || (len == b->len && at < b->at))))
-    *b = (pick){s, at, sc, len, true};
+    *b = (pick){run, at, sc, len, true};
 }
 
-/* Scores the windows of free run [s, s + len) for m chunks: its start
+/* Scores the windows of [s, s + len), free run `run` or a piece of it,
+ * for m chunks: its start
  * and end, and each window that starts where a row of mapped chunks starts or
  * ends where one ends (clipped to the run).  Some window of the most
  * mapped chunks is among them: slide any window until one of its ends
  * meets a row's end, and it keeps every mapped chunk it had. */
-static void consider(const magpool_t *pool, pick *b, uint32_t s, uint32_t len, uint32_t m) {
+static void consider(const magpool_t *pool, pick *b, uint32_t run, uint32_t s, uint32_t len,
+                     uint32_t m) {
   const mp_chunks *c = pool->chunks;
-  window(c, b, s, len, m, s);
+  window(c, b, run, len, m, s);
   if (len == m || b->score == m) return;
-  window(c, b, s, len, m, s + len - m);
+  window(c, b, run, len, m, s + len - m);
   uint64_t top = mp_load_relaxed(&c->run_top);
   uint32_t end = top <= c->run0 ? 0 : (uint32_t)(top - c->run0);
   if (end > s + len) end = s + len;
   uint32_t last = s + len - m;
   for (uint32_t a = next_chunk(c, s, end, true); a < end && b->score < m;) {
     uint32_t z = next_chunk(c, a, end, false); /* the row is [a, z) */
-    window(c, b, s, len, m, a < last ? a : last);
-    if (z >= s + m) window(c, b, s, len, m, z - m < last ? z - m : last);
+    window(c, b, run, len, m, a < last ? a : last);
+    if (z >= s + m) window(c, b, run, len, m, z - m < last ? z - m : last);
     a = next_chunk(c, z, end, true);
   }
 }
 
-int64_t mp_runs_alloc(magpool_t *pool, uint32_t m) {
+/* Free run [s, s + len) for a take of m chunks by `owner`: whole, or
+ * piece by piece between the chunks it may not use. */
+static void consider_run(const magpool_t *pool, pick *b, uint32_t s, uint32_t len, uint32_t m,
+                         uint64_t owner) {
+  const mp_runs *r = &pool->chunks->runs;
+  if (mp_load_relaxed(&r->nfenced) == 0) {
+    consider(pool, b, s, s, len, m);
+    return;
+  }
+  uint64_t t = mp_load_relaxed(&pool->chunks->run_top);
+  uint32_t top = t <= pool->chunks->run0 ? 0 : (uint32_t)(t - pool->chunks->run0);
+  for (uint32_t a = s, end = s + len; a < end && !(b->found && b->score == m);) {
+    uint32_t z = next_foreign(r, a, end, top, owner);
+    if (z - a >= m) consider(pool, b, s, a, z - a, m);
+    a = z + 1;
+  }
+}
+
+int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner) {
   mp_runs *r = &pool->chunks->runs;
   if (m == 0 || m > r->n) return -1;
   pthread_mutex_lock(r->lock);
@@ -143,13 +190,13 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m) {
   for (uint32_t L = next_full(r, m); L < MP_RUN_BINS && looked < MP_RUN_SCAN &&
                                      !(b.found && b.score == m); L = next_full(r, L + 1))
     for (uint32_t s = r->bin[L]; s != NIL && looked < MP_RUN_SCAN; s = r->next[s], looked++) {
-      consider(pool, &b, s, L, m);
-      if (b.score == m && L == m) goto take; /* an exact fit, all mapped */
+      consider_run(pool, &b, s, L, m, owner);
+      if (b.found && b.score == m && b.len == m) goto take; /* an exact fit, all mapped */
     }
   /* The long runs, the unused tail among them, always get a look. */
   if (!(b.found && b.score == m))
     for (uint32_t s = r->bin[0], k = 0; s != NIL && k < MP_RUN_SCAN; s = r->next[s], k++)
-      if (r->head[s] >= m) consider(pool, &b, s, r->head[s], m);
+      if (r->head[s] >= m) consider_run(pool, &b, s, r->head[s], m, owner);
   if (!b.found) {
     pthread_mutex_unlock(r->lock);
     return -1;
@@ -159,13 +206,16 @@ take:;
   list_remove(r, s);
   if (b.at > s) list_push(r, s, b.at - s);
   if (b.at + m < s + len) list_push(r, b.at + m, s + len - (b.at + m));
+  /* The owner's fenced chunks leave fbits, keeping busy count and tag. */
+  if (mp_load_relaxed(&r->nfenced) != 0)
+    for (uint32_t k = b.at; k < b.at + m; k++)
+      if (fbit(r, k)) fbit_put(r, k, false);
   pthread_mutex_unlock(r->lock);
   return (int64_t)b.at;
 }
 
-void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
-  mp_runs *r = &pool->chunks->runs;
-  pthread_mutex_lock(r->lock);
+/* Under the lock: [s, s + m) joins the free runs, coalescing. */
+static void insert(mp_runs *r, uint32_t s, uint32_t m) {
   uint32_t start = s, len = m;
   if (s > 0 && r->tail[s - 1] != 0) { /* coalesce with the run before */
     uint32_t l = r->tail[s - 1];
@@ -179,7 +229,77 @@ void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
     len += l;
   }
   list_push(r, start, len);
+}
+
+void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
+  mp_runs *r = &pool->chunks->runs;
+  pthread_mutex_lock(r->lock);
+  for (uint32_t k = s; k < s + m; k++) r->tag[k] = 0;
+  insert(r, s, m);
   pthread_mutex_unlock(r->lock);
+}
+
+void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m) {
+  mp_chunks *c = pool->chunks;
+  mp_runs *r = &c->runs;
+  uint64_t down = 0;
+  pthread_mutex_lock(r->lock);
+  for (uint32_t k = s; k < s + m; k++)
+    if (r->tag[k] != 0) {
+      fbit_put(r, k, true);
+    } else {
+      mp_store_release(&c->busy[c->run0 + k], 0);
+      down++;
+    }
+  mp_fetch_sub_relaxed(&c->nbusy, down);
+  insert(r, s, m);
+  pthread_mutex_unlock(r->lock);
+}
+
+uint32_t mp_runs_tag(magpool_t *pool) {
+  mp_runs *r = &pool->chunks->runs;
+  pthread_mutex_lock(r->lock);
+  uint32_t t = ++r->next_tag;
+  if (t == 0) t = ++r->next_tag;
+  pthread_mutex_unlock(r->lock);
+  return t;
+}
+
+void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner) {
+  mp_runs *r = &pool->chunks->runs;
+  pthread_mutex_lock(r->lock);
+  for (uint32_t k = s; k < s + m; k++) {
+    r->tag[k] = tag;
+    r->owner[k] = owner;
+    fbit_put(r, k, true);
+  }
+  insert(r, s, m);
+  pthread_mutex_unlock(r->lock);
+}
+
+void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag) {
+  mp_chunks *c = pool->chunks;
+  mp_runs *r = &c->runs;
+  uint64_t down = 0;
+  pthread_mutex_lock(r->lock);
+  for (uint32_t i = 0; i < n; i++)
+    for (uint32_t k = fr[2 * i]; k < fr[2 * i] + fr[2 * i + 1]; k++) {
+      if (r->tag[k] != tag) continue; /* taken and given again since */
+      r->tag[k] = 0;
+      if (!fbit(r, k)) continue; /* taken since: its taker counts it */
+      fbit_put(r, k, false);
+      /* RELEASE: the stream's last use happens before an unmap that
+       * reads 0 (chunk.c). */
+      mp_store_release(&c->busy[c->run0 + k], 0);
+      down++;
+    }
+  mp_fetch_sub_relaxed(&c->nbusy, down);
+  pthread_mutex_unlock(r->lock);
+}
+
+uint64_t mp_runs_fenced_bytes(const magpool_t *pool) {
+  const mp_chunks *c = pool->chunks;
+  return c == NULL ? 0 : mp_load_relaxed(&c->runs.nfenced) << c->shift;
 }
 
 int mp_runs_init(magpool_t *pool, uint32_t n) {
@@ -189,8 +309,12 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   r->tail = calloc(n, sizeof *r->tail);
   r->next = calloc(n, sizeof *r->next);
   r->prev = calloc(n, sizeof *r->prev);
+  r->tag = calloc(n, sizeof *r->tag);
+  r->owner = calloc(n, sizeof *r->owner);
+  r->fbits = calloc((n + 63) / 64, sizeof *r->fbits);
   r->lock = malloc(sizeof(pthread_mutex_t));
-  if (r->head == NULL || r->tail == NULL || r->next == NULL || r->prev == NULL || r->lock == NULL) {
+  if (r->head == NULL || r->tail == NULL || r->next == NULL || r->prev == NULL || r->lock == NULL ||
+      r->tag == NULL || r->owner == NULL || r->fbits == NULL) {
     mp_runs_fini(pool);
     return MAGPOOL_ENOMEM;
   }
@@ -198,6 +322,8 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   for (unsigned b = 0; b < MP_RUN_BINS; b++) r->bin[b] = NIL;
   for (unsigned w = 0; w < MP_RUN_BINS / 64; w++) r->full[w] = 0;
   r->free_chunks = 0;
+  r->next_tag = 0;
+  mp_store_relaxed(&r->nfenced, 0);
   list_push(r, 0, n);
   return 0;
 }
@@ -208,16 +334,20 @@ void mp_runs_fini(magpool_t *pool) {
   free(r->tail);
   free(r->next);
   free(r->prev);
+  free(r->tag);
+  free(r->owner);
+  free(r->fbits);
   if (r->lock != NULL) pthread_mutex_destroy(r->lock);
   free(r->lock);
-  r->head = r->tail = r->next = r->prev = NULL;
+  r->head = r->tail = r->next = r->prev = r->tag = NULL;
+  r->owner = r->fbits = NULL;
   r->lock = NULL;
 }
 
 /* Free runs against the blocks out: each run space chunk is in exactly
  * one free run or one live extent (ext[] at its first chunk), free runs
  * are not adjacent, each is on its length's list, and the lists hold
- * nothing else.  Quiescent pool. */
+ * nothing else; the fences as runs.h says.  Quiescent pool. */
 int mp_runs_check(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
   mp_runs *r = &c->runs;
@@ -231,10 +361,17 @@ int mp_runs_check(magpool_t *pool) {
       listed += r->head[s];
     }
   bool last_free = false;
+  uint64_t fenced = 0;
   for (uint32_t i = 0; i < r->n;) {
     if (r->head[i] != 0) {
       uint32_t len = r->head[i];
       if (last_free || i + len > r->n || r->tail[i + len - 1] != len) return MAGPOOL_EINVAL;
+      for (uint32_t k = i; k < i + len && k < r->n; k++) { /* fenced: tag and busy, else neither */
+        bool f = fbit(r, k);
+        fenced += f;
+        if (f != (r->tag[k] != 0) || f != (mp_load_relaxed(&c->busy[c->run0 + k]) != 0))
+          return MAGPOOL_EINVAL;
+      }
       free_seen += len;
       i += len;
       last_free = true;
@@ -243,9 +380,11 @@ int mp_runs_check(magpool_t *pool) {
     uint32_t m = mp_load_relaxed(&c->ext[c->run0 + i]);
     if (m == 0 || i + m > r->n) return MAGPOOL_EINVAL; /* neither free nor out */
     for (uint32_t k = i; k < i + m; k++)
-      if (mp_load_relaxed(&c->busy[c->run0 + k]) == 0) return MAGPOOL_EINVAL;
+      if (mp_load_relaxed(&c->busy[c->run0 + k]) == 0 || fbit(r, k)) return MAGPOOL_EINVAL;
     i += m;
     last_free = false;
   }
-  return listed == free_seen && free_seen == r->free_chunks ? 0 : MAGPOOL_EINVAL;
+  return listed == free_seen && free_seen == r->free_chunks && fenced == mp_load_relaxed(&r->nfenced)
+             ? 0
+             : MAGPOOL_EINVAL;
 }

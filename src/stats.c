@@ -3,7 +3,7 @@
  * (relaxed reads: a racy sum while threads run, exact on a quiescent
  * pool), the depots' and stream caches' byte counts, and the trees.
  */
-#include "internal.h"
+#include "runs.h"
 
 #include <string.h>
 
@@ -36,7 +36,8 @@ static int64_t depot_sum(magpool_t *pool) {
  * run, the terms are read at slightly different instants. */
 static size_t tree_free(magpool_t *pool, const sums *s) {
   uint64_t reserved = mp_load_relaxed(&pool->reserved);
-  return s->held < reserved ? (size_t)(reserved - s->held) : 0;
+  uint64_t out = s->held + mp_runs_fenced_bytes(pool); /* fenced runs are pending */
+  return out < reserved ? (size_t)(reserved - out) : 0;
 }
 
 /* Largest free block: per region, the summaries of each level from the
@@ -54,6 +55,9 @@ static size_t largest_free(magpool_t *pool) {
 int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   if (pool == NULL || out == NULL) return MAGPOOL_EINVAL;
   memset(out, 0, sizeof *out);
+  /* Fenced runs (runs.h) count as pending until their batch is drained:
+   * drain what has passed (nothing to do: one load). */
+  if (pool->chunks != NULL) mp_retire_drain(pool, NULL);
   sums s = sum_threads(pool);
   size_t scached = 0, spending = 0;
   mp_streams_stats(pool, &scached, &spending);
@@ -61,10 +65,11 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   out->requested_bytes = (size_t)s.requested;
   out->reserved_bytes = mp_load_relaxed(&pool->reserved);
   out->cached_bytes = (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
-  out->pending_bytes = spending;
+  out->pending_bytes = spending + mp_runs_fenced_bytes(pool);
   /* Live bytes: everything out of the trees that is not cached or
-   * pending.  Exact on a quiescent pool; while threads run, each term is
-   * read at a slightly different instant, so clamp. */
+   * pending (fenced runs are in neither held nor spending).  Exact on a
+   * quiescent pool; while threads run, each term is read at a slightly
+   * different instant, so clamp. */
   int64_t used = (int64_t)(s.held - s.cached) - (depot > 0 ? depot : 0) - (int64_t)scached -
                  (int64_t)spending;
   out->used_bytes = used > 0 ? (size_t)used : 0;
@@ -169,11 +174,11 @@ static int check_chunked(magpool_t *pool) {
     if (scan_live(pool, r, from, to, &live_units, &live_cost) != 0) return MAGPOOL_EINVAL;
   }
   sums s = sum_threads(pool);
-  if (s.held != mp_chunks_out_bytes(pool)) return MAGPOOL_EINVAL; /* C4 */
+  if (s.held + mp_runs_fenced_bytes(pool) != mp_chunks_out_bytes(pool)) return MAGPOOL_EINVAL; /* C4 */
   magpool_stats_t st;
   magpool_get_stats(pool, &st);
   if (live_cost != st.used_bytes) return MAGPOOL_EINVAL;
-  if (st.reserved_bytes - s.held != st.free_bytes) return MAGPOOL_EINVAL;
+  if (st.reserved_bytes - s.held - mp_runs_fenced_bytes(pool) != st.free_bytes) return MAGPOOL_EINVAL;
   return 0;
 }
 

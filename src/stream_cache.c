@@ -247,7 +247,7 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
   /* The overflow goes to the stream's park, where any thread's
    * allocations on s reuse it; the park batches the retires. */
   if (chain != NULL && !mp_park_put_chain(pool, sl->e, s, chain))
-    mp_retire_chain(pool, &sl->e->pending, s, chain, -1);
+    mp_retire_chain(pool, &sl->e->pending, sl->e->key, s, chain, -1);
   return true;
 }
 
@@ -258,7 +258,7 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
  * slots close, and the entry leaves the table. */
 static void entry_release_locked(magpool_t *pool, mp_sentry *e, magpool_stream_t h) {
   mp_mag *chain = mp_park_take_all(pool, e, true, entry_steal_locked(pool, e, true));
-  if (chain != NULL) mp_retire_chain(pool, &e->pending, h, chain, -1);
+  if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, h, chain, -1);
   mp_entry_release_locked(pool, e);
 }
 
@@ -282,7 +282,7 @@ static void flush_one(magpool_t *pool, mp_sentry *e, void *arg) {
   if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
       pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
     mp_mag *chain = mp_park_take_all(pool, e, false, entry_steal_locked(pool, e, false));
-    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain, -1);
+    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, e->handle, chain, -1);
   }
   mp_entry_unlock(e);
 }
@@ -293,7 +293,7 @@ static void park_retire_one(magpool_t *pool, mp_sentry *e, void *except) {
   if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
       pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
     mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
-    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain, -1);
+    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, e->handle, chain, -1);
   }
   mp_entry_unlock(e);
 }
@@ -341,7 +341,7 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
         mp_slot_exit_owner(sl);
         MP_HOOK(MP_HOOK_SLOT_FLUSH, sl);
         if (park) chain = mp_park_take_all(pool, e, false, chain);
-        if (chain != NULL) mp_retire_chain(pool, &e->pending, e->handle, chain, -1);
+        if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, e->handle, chain, -1);
       }
     }
     mp_entry_unlock(e);

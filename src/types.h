@@ -124,13 +124,11 @@ typedef struct mp_region {
   size_t bytes;
   uint64_t nunits;
   /* The header table (hdr.h), mmap'd and backed lazily: one word per unit
-   * below hdr_split (the tree's units; all of them on a pool without
-   * chunks).  At and above it lies a chunked pool's run space, where a
-   * block starts only on a chunk (2^hdr_rshift units): MP_HDR_RUN_WORDS
-   * words per chunk, then one word that stays 0, the word of every unit
-   * of run space that is not a chunk's first.  So a run touches a page of
-   * the table per 1,024 chunks, not one per 64 KiB of run space (the warm
-   * replays' page faults). */
+   * below hdr_split (the tree's units; all of a pool without chunks); in
+   * a chunked pool's run space above it, where blocks start on chunks
+   * (2^hdr_rshift units), MP_HDR_RUN_WORDS words per chunk, then one
+   * word that stays 0 for every other unit: a page of the table per
+   * 1,024 chunks, not per 64 KiB (the warm replays' page faults). */
   _Atomic uint32_t *hdr;
   size_t hdr_bytes;
   uint64_t hdr_split;
@@ -154,11 +152,10 @@ MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
  * memory backs it in chunks of `chunk` bytes.
  *
  * busy[c]: units (min blocks) of blocks out of the tree that overlap
- *   chunk c with their extent: the whole block for blocks smaller than a
- *   chunk, the chunks covering the requested bytes for larger ones
- *   (ext[] holds that count at the block's first chunk).  Changed by
- *   atomic RMW on every take from and give to the tree, by any thread;
- *   in run space (c >= run0: one run per chunk) by stores (chunk.c).
+ *   chunk c with their extent (the whole block below a chunk; above, the
+ *   chunks covering the requested bytes, ext[] holding their count at
+ *   the first), or of a fenced free run (runs.h).  Changed by atomic RMW
+ *   by any thread; in run space (c >= run0: one run a chunk) by stores.
  * state[c]: MP_CHUNK_UNMAPPED, MAPPED or UNMAPPING; written only under
  *   `lock`, read by anyone.
  * mapped[]: a bitmap of MAPPED chunks, written under `lock` only
@@ -168,9 +165,8 @@ MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
  *   C1  busy[c] > 0  =>  state[c] == MAPPED
  *   C2  nmapped == |{c : state[c] == MAPPED}| == popcount(mapped) <= cap
  *   C3  nbusy == |{c : busy[c] > 0}| <= hwm
- *   C4  Σ busy[c] units × min_block == bytes out of the tree (the sum
- *       of the accounts' held; stats.c checks it: no shared counter on
- *       the take and give paths)
+ *   C4  Σ busy[c] units × min_block == the accounts' held + fenced
+ *       runs (stats.c checks it: no shared counter on the hot paths)
  *   C5  pool->reserved == nmapped * chunk
  *   C6  the mapped chunks are tiled by groups (gfirst, glen): each of
  *       1..MP_CHUNK_GROUP chunks in one MP_CHUNK_GROUP-aligned window,
@@ -192,7 +188,9 @@ enum { MP_CHUNK_UNMAPPED = 0, MP_CHUNK_MAPPED = 1, MP_CHUNK_UNMAPPING = 2 };
  * Invariants (mp_runs_check): free runs do not overlap, are never
  * adjacent (freeing coalesces), are each on the list of their length,
  * and with the blocks out (ext[] of the chunk map) tile the space; a
- * bin's bit in `full` is set iff its list is not empty. */
+ * bin's bit in `full` is set iff its list is not empty.  Fenced free
+ * runs: tag (batch, 0: none), owner (the freeing stream entry's key),
+ * fbits (fenced and free): runs.h has their invariants. */
 #define MP_RUN_BINS 256
 typedef struct mp_runs {
   uint32_t n;               /* chunks in the run space                  */
@@ -201,6 +199,9 @@ typedef struct mp_runs {
   uint64_t full[MP_RUN_BINS / 64]; /* bit L set <=> bin[L] != UINT32_MAX  */
   uint64_t free_chunks;
   void *lock;               /* pthread_mutex_t *                        */
+  uint32_t *tag, next_tag;  /* fenced free runs (above)                 */
+  uint64_t *owner, *fbits;
+  _Atomic uint64_t nfenced; /* popcount(fbits); stats read it relaxed   */
 } mp_runs;
 
 typedef struct mp_chunks {
@@ -239,6 +240,8 @@ typedef struct mp_acct {
                             wrapping: a block freed by another thread makes
                             one owner's value "negative", the sum is exact */
   int64_t tree_delta;    /* owner only: not yet added to pool->tree_out  */
+  uint64_t fence_owner;  /* owner only: the stream whose fenced runs its
+                            takes may use (0: none; alloc_async.c)      */
 } mp_acct;
 
 /* A magazine: a bounded LIFO of free blocks of one class.  Owned by one
@@ -280,8 +283,9 @@ typedef struct mp_batch {
   magpool_t *pool;
   _Atomic int64_t *pending;  /* the stream entry's batch count, or the
                                 pool's orphan_pending                   */
-  int64_t bytes;
+  int64_t bytes, fbytes;     /* blocks in mags; fenced runs            */
   mp_mag *mags;              /* chain via mag->next, order in mag->order */
+  uint32_t *fr, nfr, tag;    /* fenced runs: nfr (start, len) pairs     */
 } mp_batch;
 
 /* The pool's retire state.  All counters are atomic RMW from any thread. */
@@ -289,6 +293,7 @@ typedef struct mp_retire {
   _Atomic int64_t pending_bytes;   /* retired, callback not yet run      */
   _Atomic int64_t pending_batches; /* same, in batches; destroy waits 0  */
   _Atomic int64_t ready_bytes;     /* callback ran, not yet drained      */
+  _Atomic int64_t ready_fenced;    /* same, fenced runs (fbytes)         */
   _Atomic(mp_batch *) ready;       /* push: CAS (callbacks); take: xchg  */
   _Atomic int64_t orphan_pending;  /* batches of no stream entry (no host
                                       memory for one), callback not run  */

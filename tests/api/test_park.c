@@ -145,12 +145,20 @@ Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
   magpool_stats_t st = mpt_stats(pool);
   cr_assert_eq(st.pending_bytes, BIG);
   cr_assert_eq(st.cached_bytes, 0);
+  /* Retired, the run is back in the free runs fenced by S (runs.h):
+   * another stream cannot have it, S can, at once. */
+  magpool_stream_t T = stream_new();
+  void *t = magpool_alloc_async(pool, BIG, T);
+  cr_assert_not_null(t);
+  cr_assert(t != x, "T got a run retired behind blocked S");
   void *y = magpool_alloc_async(pool, BIG, S);
-  cr_assert_not_null(y);
-  cr_assert_neq(y, x);
+  cr_assert_eq(y, x, "S did not get the run it retired");
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
   cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free_async(pool, t, T), 0);
   gate_release(&g, S);
-  finish(pool, PS, &S, 1);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
 }
 
 /* A chunked pool backs a large block only in the whole chunks its request

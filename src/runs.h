@@ -1,0 +1,54 @@
+/* runs.h - runs of chunks for large blocks (runs.c; data: types.h,
+ * mp_runs), layer 2: region.c, chunk.c, retire.c and the checkers call
+ * it.  Any thread (one mutex).  Run-space chunk numbers.
+ *
+ * Fenced free runs.  A run freed on a stream S that has not passed the
+ * free goes back to the free runs at once, *fenced*: each of its chunks
+ * carries the tag of the retire batch that will pass it and the key of
+ * S's entry, and keeps its busy count (so it stays mapped: S's work may
+ * still touch it).  Free runs coalesce whatever their fences.
+ *   - A take for S (mp_acct.fence_owner == S's key) may use chunks fenced
+ *     by S and unfenced ones; any other take only unfenced ones.  Stream
+ *     order makes S's fenced chunks S's at once, as a parked block is.
+ *   - The batch's drain (retire.c, after its stream callback) unfences
+ *     the chunks still carrying its tag: those still free go to busy 0
+ *     (RELEASE: S's last use happens before an unmap that reads 0);
+ *     those S took meanwhile only lose the tag.
+ *   - A take removes its window's fenced chunks from fbits (their busy
+ *     count stays up, so no unmap can slip in) but leaves their tags:
+ *     if the take fails (mp_chunks_acquire), mp_runs_putback fences the
+ *     chunks whose tag is still there again and counts down the others.
+ * Invariants (mp_runs_check, quiescent): fbits ⊆ free chunks, and a chunk
+ * in fbits has a tag and a busy count; a free chunk outside fbits has
+ * tag 0 and busy 0; nfenced == popcount(fbits). */
+#ifndef MAGPOOL_RUNS_H
+#define MAGPOOL_RUNS_H
+
+#include "internal.h"
+
+int mp_runs_init(magpool_t *pool, uint32_t n);
+void mp_runs_fini(magpool_t *pool);
+/* A free run of m chunks (placement: runs.c) that may use the chunks
+ * fenced by `owner` (0: none), or -1 if none. */
+int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner);
+/* Back to the free runs: [s, s + m) of a block given back (busy 0
+ * already; stale tags are cleared). */
+void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m);
+/* Back to the free runs after a failed mp_chunks_acquire of a window
+ * mp_runs_alloc gave: chunks with a tag are fenced again, the others go
+ * to busy 0 (and out of nbusy). */
+void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m);
+/* A fresh batch tag (never 0). */
+uint32_t mp_runs_tag(magpool_t *pool);
+/* Back to the free runs, fenced by (tag, owner): [s, s + m) of a run
+ * freed on owner's stream, busy counts kept. */
+void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner);
+/* The batch `tag` has passed: unfences the chunks of its n ranges
+ * (start, length pairs in fr) that still carry it. */
+void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag);
+/* Bytes in fenced free runs (a statistic: pending). */
+uint64_t mp_runs_fenced_bytes(const magpool_t *pool);
+/* The run invariants on a quiescent pool: 0 or MAGPOOL_EINVAL. */
+int mp_runs_check(magpool_t *pool);
+
+#endif /* MAGPOOL_RUNS_H */

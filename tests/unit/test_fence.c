@@ -1,0 +1,372 @@
+/* test_fence.c - fenced free runs (src/runs.h): a run freed on a stream S
+ * that has not passed the free goes back to the free runs at once, where
+ * S's allocations may take it (whole, in pieces, or joined with free
+ * chunks) and nobody else's may, until the retire batch that fenced it
+ * has passed and been drained.
+ *
+ *   fence::a_blocked_streams_run_is_its_own_at_once   S frees a run while
+ *        blocked: pending, not usable by the synchronous API or by T; S's
+ *        next allocation gets it, and nothing is pending
+ *   fence::the_stream_joins_its_fenced_runs   two fenced runs of S serve
+ *        one request of S of their joint size, with no chunk mapped; a
+ *        larger one joins them with free chunks; T's request keeps out
+ *   races::a_drain_meets_a_take_of_fenced_chunks   S's take stopped after
+ *        taking fenced chunks and counting them busy (MP_HOOK_CHUNK_TAKE)
+ *        while S passes the free and the batch is drained: the drain only
+ *        clears the tag, the chunks stay busy, trim leaves them mapped,
+ *        and the take gets them
+ *   races::a_later_batch_keeps_its_fence   S takes its fenced run back
+ *        and frees it again behind a second gate; the first batch passes
+ *        and drains: the run stays fenced by the second
+ *   races::a_failed_take_fences_again   S's take of a window with fenced
+ *        chunks fails (the cap): mp_runs_putback fences them again (seen
+ *        at the ladder's first rung, MP_HOOK_LADDER_RUNG); the request
+ *        ends in ENOMEM once S has passed, with nothing lost
+ *
+ * Host streams held by gates; parking off (stream_cache_bytes 0), so
+ * every async free is retired at once.  Every test ends with
+ * magpool_check (the runs' fence invariants included).
+ * Internal headers: links the static archive.
+ */
+#define _GNU_SOURCE
+#include "runs.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "flag.h"
+#include "stream_util.h"
+#include "test_util.h"
+
+#define CHUNK (2 * MiB)
+#define BIG (4 * MiB)
+
+static magpool_t *fence_pool(size_t pool_size, size_t max) {
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = pool_size, .growth = max != 0, .max = max,
+                          .thread_cache = MPT_ZERO, .stream_cache = MPT_ZERO});
+  cr_assert_not_null(pool->chunks, "a %zu-byte host pool is not chunked", pool_size);
+  return pool;
+}
+
+static bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
+  const char *x = a, *y = b;
+  return x < y + bn && y < x + an;
+}
+
+/* Run-space chunk number of address p. */
+static uint32_t rchunk(magpool_t *pool, const void *p) {
+  mp_chunks *c = pool->chunks;
+  return (uint32_t)(((uint64_t)((const char *)p - c->base) >> c->shift) - c->run0);
+}
+
+static uint32_t busy_of(magpool_t *pool, uint32_t k) {
+  return atomic_load(&pool->chunks->busy[pool->chunks->run0 + k]);
+}
+
+static bool fenced(magpool_t *pool, uint32_t k) {
+  return pool->chunks->runs.fbits[k / 64] >> (k % 64) & 1;
+}
+
+static uint64_t key_of(magpool_t *pool, magpool_stream_t s) {
+  uint64_t sid;
+  cr_assert_eq(pool->sops->get_id(pool->src_ctx, s, &sid), 0);
+  return sid + 1;
+}
+
+/* A 4 MiB run allocated on s and freed on s (blocked: it goes fenced). */
+static void *fence_one(magpool_t *pool, magpool_stream_t s) {
+  void *x = magpool_alloc_async(pool, BIG, s);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_free_async(pool, x, s), 0);
+  return x;
+}
+
+Test(fence, a_blocked_streams_run_is_its_own_at_once, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = fence_pool(PS, 0);
+  magpool_stream_t S = stream_new(), T = stream_new();
+  gate g;
+  gate_hold(&g, S);
+  void *x = fence_one(pool, S);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, BIG, "the run freed on blocked S is not pending (%zu)",
+               st.pending_bytes);
+  cr_assert_eq(st.used_bytes, 0);
+  cr_assert_eq(st.free_bytes, PS - BIG, "fenced bytes counted free");
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check with a fenced run");
+  uint32_t k = rchunk(pool, x);
+  cr_assert(fenced(pool, k) && fenced(pool, k + 1));
+  cr_assert_eq(pool->chunks->runs.owner[k], key_of(pool, S));
+
+  void *z = magpool_alloc(pool, BIG);
+  cr_assert_not_null(z);
+  cr_assert_not(overlaps(z, BIG, x, BIG), "the synchronous API got chunks fenced by blocked S");
+  void *t = magpool_alloc_async(pool, BIG, T);
+  cr_assert_not_null(t);
+  cr_assert_not(overlaps(t, BIG, x, BIG), "T got chunks fenced by blocked S");
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_eq(y, x, "S did not get back the run it freed");
+  st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.used_bytes, 3 * BIG);
+  cr_assert_eq(magpool_check(pool), 0);
+
+  cr_assert_eq(magpool_free(pool, z), 0);
+  cr_assert_eq(magpool_free_async(pool, t, T), 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_release(&g, S);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 0, "fenced after S passed and stats drained");
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
+Test(fence, the_stream_joins_its_fenced_runs, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = fence_pool(PS, 0);
+  magpool_stream_t S = stream_new(), T = stream_new();
+  gate g;
+  gate_hold(&g, S);
+  char *a = magpool_alloc_async(pool, BIG, S);
+  char *b = magpool_alloc_async(pool, BIG, S);
+  cr_assert(a != NULL && b != NULL);
+  cr_assert_eq(b, a + BIG, "runs in an empty run space are not placed in a row");
+  cr_assert_eq(magpool_free_async(pool, a, S), 0);
+  cr_assert_eq(magpool_free_async(pool, b, S), 0);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 2 * BIG);
+  cr_assert_eq(magpool_check(pool), 0);
+
+  /* T keeps out of both. */
+  void *t = magpool_alloc_async(pool, 2 * BIG, T);
+  cr_assert_not_null(t);
+  cr_assert_not(overlaps(t, 2 * BIG, a, 2 * BIG), "T got chunks fenced by blocked S");
+
+  /* S's request of their joint size: both fenced runs, no chunk mapped. */
+  magpool_stats_t st = mpt_stats(pool);
+  void *y = magpool_alloc_async(pool, 2 * BIG, S);
+  cr_assert_eq(y, a, "S's 8 MiB request did not join its two fenced 4 MiB runs");
+  magpool_stats_t st2 = mpt_stats(pool);
+  cr_assert_eq(st2.chunk_maps, st.chunk_maps, "chunks were mapped for fenced memory");
+  cr_assert_eq(st2.pending_bytes, 0);
+
+  /* Freed again, then asked for with 4 MiB more: the fenced 8 MiB and
+   * the free chunks after them (T's run, back from idle T at once). */
+  cr_assert_eq(magpool_free_async(pool, t, T), 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  size_t want = 3 * BIG;
+  void *w = magpool_alloc_async(pool, want, S);
+  cr_assert_eq(w, a, "S's 12 MiB request did not start on its fenced run (%p, %p)", w, (void *)a);
+  for (uint32_t k = rchunk(pool, a); k < rchunk(pool, a) + want / CHUNK; k++)
+    cr_assert(!fenced(pool, k) && busy_of(pool, k) != 0);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  memset(w, 3, want); /* mapped throughout */
+
+  cr_assert_eq(magpool_free_async(pool, w, S), 0);
+  gate_release(&g, S);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
+/* ================================================================ races */
+
+static int stop_point;
+static void *stop_arg;
+static _Thread_local int stop_me;
+static flag stopped = FLAG_INIT, resume = FLAG_INIT;
+
+static void stop_hook(int point, void *arg) {
+  if (point != stop_point || arg != stop_arg || !stop_me) return;
+  stop_me = 0;
+  flag_set(&stopped);
+  flag_wait(&resume);
+}
+
+static void hook_reset(void) {
+  mp_hook_set(NULL);
+  stopped = (flag)FLAG_INIT;
+  resume = (flag)FLAG_INIT;
+}
+
+typedef struct taker {
+  magpool_t *pool;
+  magpool_stream_t s;
+  size_t size;
+  void *got;
+  int err;
+} taker;
+
+static void *take_on_stream(void *arg) {
+  taker *t = arg;
+  stop_me = 1;
+  t->got = magpool_alloc_async(t->pool, t->size, t->s);
+  t->err = t->got == NULL ? magpool_last_error() : 0;
+  stop_me = 0;
+  return NULL;
+}
+
+Test(races, a_drain_meets_a_take_of_fenced_chunks, .timeout = 60) {
+  magpool_t *pool = fence_pool(4 * MiB, 64 * MiB);
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_hold(&g, S);
+  void *x = fence_one(pool, S);
+  uint32_t k = rchunk(pool, x);
+  cr_assert(fenced(pool, k) && fenced(pool, k + 1));
+
+  stop_point = MP_HOOK_CHUNK_TAKE;
+  stop_arg = x;
+  mp_hook_set(stop_hook);
+  taker t = {pool, S, BIG, NULL, 0};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, take_on_stream, &t), 0);
+  flag_wait(&stopped); /* fenced chunks taken, counted busy, state not read */
+  cr_assert(!fenced(pool, k) && !fenced(pool, k + 1), "the take left its chunks in fbits");
+
+  /* S passes the free; the batch is drained while the take is stopped. */
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  cr_assert_not_null(atomic_load(&pool->retire.ready), "the batch's callback has not run");
+  mp_retire_drain(pool, NULL);
+  cr_assert_eq(pool->chunks->runs.tag[k], 0, "the drain left the passed batch's tag");
+  cr_assert(busy_of(pool, k) != 0 && busy_of(pool, k + 1) != 0,
+            "the drain counted down chunks a take holds");
+  cr_assert_eq(magpool_trim(pool), 0);
+  for (uint32_t i = k; i < k + 2; i++)
+    cr_assert_eq(atomic_load(&pool->chunks->state[pool->chunks->run0 + i]), MP_CHUNK_MAPPED,
+                 "trim unmapped a chunk a take holds");
+
+  flag_set(&resume);
+  pthread_join(th, NULL);
+  hook_reset();
+  gate_done(&g);
+  cr_assert_eq(t.got, x, "the stopped take did not get the fenced run");
+  memset(t.got, 5, BIG);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.used_bytes, BIG);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_async(pool, t.got, S), 0); /* S idle: straight back */
+  cr_assert_eq(magpool_trim(pool), 0);
+  finish(pool, 4 * MiB, &S, 1);
+}
+
+Test(races, a_later_batch_keeps_its_fence, .timeout = 60) {
+  magpool_t *pool = fence_pool(4 * MiB, 64 * MiB);
+  magpool_stream_t S = stream_new();
+  gate g1, g2;
+  gate_hold(&g1, S);
+  void *x = fence_one(pool, S); /* batch 1, behind g1 */
+  uint32_t k = rchunk(pool, x), tag1 = pool->chunks->runs.tag[k];
+  gate_init(&g2);
+  launch(S, gate_task, &g2);
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_eq(y, x, "S did not get its fenced run back");
+  cr_assert_eq(magpool_free_async(pool, y, S), 0); /* batch 2, behind g2 */
+  uint32_t tag2 = pool->chunks->runs.tag[k];
+  cr_assert(tag2 != 0 && tag2 != tag1, "the second free did not fence with a new tag");
+
+  gate_open(&g1);
+  gate_wait_entered(&g2); /* batch 1's callback ran before g2 started */
+  mp_retire_drain(pool, NULL);
+  cr_assert(fenced(pool, k) && fenced(pool, k + 1), "batch 1's drain unfenced batch 2's run");
+  cr_assert_eq(pool->chunks->runs.tag[k], tag2);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, BIG);
+  void *z = magpool_alloc(pool, BIG);
+  cr_assert_not_null(z);
+  cr_assert_not(overlaps(z, BIG, x, BIG), "the synchronous API got a run fenced by batch 2");
+  cr_assert_eq(magpool_check(pool), 0);
+
+  gate_open(&g2);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g1);
+  gate_done(&g2);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
+  cr_assert(!fenced(pool, k) && busy_of(pool, k) == 0, "batch 2's drain left the run fenced");
+  cr_assert_eq(magpool_free(pool, z), 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  finish(pool, 4 * MiB, &S, 1);
+}
+
+/* What the ladder's first rung saw of x's chunks (recorded by the hook
+ * on the taking thread, asserted by the test). */
+static struct {
+  int seen;
+  bool fenced[2];
+  uint32_t busy[2], tag;
+  uint64_t owner;
+} rung0;
+static uint32_t rung0_k;
+static magpool_t *rung0_pool;
+
+static void rung_hook(int point, void *arg) {
+  if (point != MP_HOOK_LADDER_RUNG || arg != (void *)(uintptr_t)0 || !stop_me || rung0.seen)
+    return;
+  rung0.seen = 1;
+  for (int i = 0; i < 2; i++) {
+    rung0.fenced[i] = fenced(rung0_pool, rung0_k + (uint32_t)i);
+    rung0.busy[i] = busy_of(rung0_pool, rung0_k + (uint32_t)i);
+  }
+  rung0.tag = rung0_pool->chunks->runs.tag[rung0_k];
+  rung0.owner = rung0_pool->chunks->runs.owner[rung0_k];
+  stop_me = 0;
+  flag_set(&stopped);
+  flag_wait(&resume);
+}
+
+Test(races, a_failed_take_fences_again, .timeout = 60) {
+  /* Cap 12 MiB: 6 chunks.  Two tree chunks kept busy by four 1 MiB
+   * blocks, S's 4 MiB run fenced: 4 chunks mapped, none empty. */
+  magpool_t *pool = fence_pool(4 * MiB, 12 * MiB);
+  magpool_stream_t S = stream_new();
+  void *small[4];
+  for (int i = 0; i < 4; i++) cr_assert_not_null(small[i] = magpool_alloc(pool, 1 * MiB));
+  gate g;
+  gate_hold(&g, S);
+  void *x = fence_one(pool, S);
+  uint32_t k = rchunk(pool, x);
+  uint32_t tag = pool->chunks->runs.tag[k];
+  cr_assert(fenced(pool, k) && tag != 0);
+
+  /* S asks for 10 MiB: the window at x (2 fenced + 3 unmapped chunks)
+   * would need 7 mapped, over the cap, with no empty chunk to move. */
+  rung0_pool = pool;
+  rung0_k = k;
+  memset(&rung0, 0, sizeof rung0);
+  mp_hook_set(rung_hook);
+  taker t = {pool, S, 10 * MiB, NULL, 0};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, take_on_stream, &t), 0);
+  flag_wait(&stopped);
+  cr_assert(rung0.fenced[0] && rung0.fenced[1], "a failed take left S's chunks unfenced");
+  cr_assert(rung0.busy[0] != 0 && rung0.busy[1] != 0, "a failed take counted fenced chunks down");
+  cr_assert_eq(rung0.tag, tag, "a failed take changed the fence's tag");
+  cr_assert_eq(rung0.owner, key_of(pool, S));
+  /* Meanwhile the synchronous API cannot have them. */
+  void *z = magpool_alloc(pool, BIG);
+  cr_assert_not_null(z);
+  cr_assert_not(overlaps(z, BIG, x, BIG), "the synchronous API got chunks a failed take put back");
+  cr_assert_eq(magpool_free(pool, z), 0);
+
+  /* The ladder waits for S (rung 2): let it pass. */
+  gate_open(&g);
+  flag_set(&resume);
+  pthread_join(th, NULL);
+  hook_reset();
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  cr_assert_null(t.got, "10 MiB fit beside 4 MiB live under a 12 MiB cap");
+  cr_assert_eq(t.err, MAGPOOL_ENOMEM);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.used_bytes, 4 * MiB);
+  cr_assert_eq(atomic_load(&pool->chunks->runs.nfenced), 0);
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check after failed takes of fenced chunks");
+  for (int i = 0; i < 4; i++) cr_assert_eq(magpool_free(pool, small[i]), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  finish(pool, 4 * MiB, &S, 1);
+}
