@@ -137,10 +137,16 @@ typedef struct magpool_config {
                                 it: this many bytes of small blocks, and
                                 up to max(this, pool_size / 8) of blocks
                                 larger than cache_max_block (counted as
-                                magpool_usable_size counts them); trim,
-                                the out-of-memory path and an allocation
-                                that would raise the pool's peak return
-                                them.  0 retires every async free at once.
+                                magpool_usable_size counts them; on
+                                chunked pools, blocks of a chunk or more
+                                are not kept but fenced, see
+                                magpool_alloc_async, and go behind the
+                                stream in one batch per max(this,
+                                pool_size / 8) bytes);
+                                trim, the out-of-memory path and an
+                                allocation that would raise the pool's
+                                peak return them.  0 retires every async
+                                free at once.
                                 A retire on a stream that has finished
                                 all its work returns the blocks to the
                                 pool at once (host streams; CUDA streams
@@ -423,12 +429,13 @@ MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
  * and any block, of any size, by every thread's allocations on s; any
  * other allocation (another stream, the synchronous API) gets them only
  * once s has passed the free.  On chunked pools, a block of a chunk or
- * more that is retired behind s before s has passed its free (the stream
- * caches' budgets, a new peak, trim, magpool_stream_release) goes back to
- * the pool's free runs at once, marked for s ("fenced"): s's requests of
- * any size may use its chunks, alone or joined with free ones; others only
- * once s has passed the free and the pool has seen it (a completed stream
- * callback).  s may be NULL: the legacy default stream on DEVICE and
+ * more freed on s before s has passed it goes back to the pool's free runs
+ * at once, marked for s ("fenced"): s's requests of any size may use its
+ * chunks, alone or joined with free ones; others only once s has passed
+ * the free and the pool has seen it (a completed stream callback, asked
+ * for once per max(stream_cache_bytes, pool_size / 8) bytes of such
+ * frees, and at trim, the out-of-memory path, magpool_stream_release and
+ * other streams' peaks).  s may be NULL: the legacy default stream on DEVICE and
  * PINNED pools; "no stream" (same as magpool_alloc) on HOST pools.  Errors as magpool_alloc, plus MAGPOOL_ECUDA if a CUDA call
  * failed, and MAGPOOL_EINVAL for a stream of the wrong kind where that can
  * be told.  Stream capture: the first call for s on a thread (and the first

@@ -121,6 +121,10 @@ enum {
   MP_HOOK_PARK_FLUSH,    /* arg: the mp_park; a flush (trim, the ladder,
                             release, a thread's flush) holds its lock and
                             has not yet taken anything                   */
+  MP_HOOK_FENCE_PUT,     /* arg: the mp_park; a free holds its fence lock,
+                            its run fenced and noted in the open batch   */
+  MP_HOOK_FENCE_CLOSE,   /* arg: the mp_park; a flush holds its fence
+                            lock, the open batch detached, not retired   */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before

@@ -295,19 +295,20 @@ void mp_mags_destroy(magpool_t *pool);
  * RELEASE: the caller's writes happen before the callback. */
 void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, uint64_t owner, magpool_stream_t h,
                      mp_mag *chain, int passed);
-/* Gives every ready batch's blocks to the trees (lazy coalescing of stream
- * frees).  a may be NULL.  Any thread, concurrently with itself and with
- * callbacks: it takes the whole list with one ACQUIRE exchange.  Returns
- * the blocks given. */
+/* Gives every ready batch's blocks to the trees and unfences its runs.
+ * a may be NULL.  Any thread, concurrently with itself and with callbacks
+ * (one ACQUIRE exchange takes the list).  Returns the blocks given. */
 size_t mp_retire_drain(magpool_t *pool, mp_acct *a);
-/* Waits until *pending (an entry's batch count, orphan_pending or
- * pending_batches) is 0: a device-wide sync, then (host streams, or a
- * failed sync) yields and short sleeps until the callbacks have run.  No
- * time limit: a callback that is coming is waited for.  Any thread, no
- * lock held.  ACQUIRE: the callbacks' writes are visible. */
+/* Waits (no time limit) until *pending (an entry's batch count,
+ * orphan_pending or pending_batches) is 0: a device-wide sync, then yields
+ * and short sleeps.  Any thread, no lock held.  ACQUIRE. */
 void mp_retire_wait(magpool_t *pool, _Atomic int64_t *pending);
-/* Destroy: waits until no callback is pending, then frees the ready list
- * (its magazines live in the pool's slabs). */
+/* Runs fenced with `tag` (park.c: n (start, length) pairs in fr, taken
+ * over; `bytes` their cost) behind h: unfenced now if h has passed them,
+ * else by the drain after one callback.  As mp_retire_chain. */
+void mp_retire_fenced(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, uint32_t *fr,
+                      uint32_t n, uint32_t tag, int64_t bytes);
+/* Destroy: waits for every callback, frees the ready list. */
 void mp_retire_fini(magpool_t *pool);
 
 /* ============================================================ layer 4 */

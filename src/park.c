@@ -49,8 +49,10 @@
  * reuse or one empty look) and as a statistic.
  */
 #include "park.h"
+#include "runs.h"
 
 #include <sched.h>
+#include <stdlib.h>
 
 /* Age: every MP_PARK_AGE_STEP-th park retires the orders that no park or
  * take touched in the last MP_PARK_AGE operations on the park. */
@@ -60,18 +62,21 @@
  * most (passed_hint). */
 #define MP_PARK_IDLE_BACK 64u
 
-static void park_lock(mp_park *k) {
+/* The park's locks (lock, flock): test-and-test-and-set words. */
+static void word_lock(mp_park *k, _Atomic int *w) {
   for (unsigned spins = 0;; spins++) {
     int z = 0;
-    /* ACQUIRE: pairs with park_unlock's RELEASE; the last holder's
-     * writes (magazines, counts) are visible to us. */
-    if (mp_load_relaxed(&k->lock) == 0 && mp_cas_strong_acquire(&k->lock, &z, 1)) return;
+    /* ACQUIRE: pairs with word_unlock's RELEASE; the last holder's
+     * writes (magazines, counts, fence ranges) are visible to us. */
+    if (mp_load_relaxed(w) == 0 && mp_cas_strong_acquire(w, &z, 1)) return;
     MP_HOOK(MP_HOOK_PARK_WAIT, k);
     if (spins >= 64) sched_yield();
   }
 }
 
-static void park_unlock(mp_park *k) { mp_store_release(&k->lock, 0); }
+static void word_unlock(_Atomic int *w) { mp_store_release(w, 0); }
+static void park_lock(mp_park *k) { word_lock(k, &k->lock); }
+static void park_unlock(mp_park *k) { word_unlock(&k->lock); }
 
 int64_t mp_park_budget(const magpool_t *pool, unsigned order) {
   int64_t sc = (int64_t)pool->cfg.stream_cache_bytes;
@@ -239,6 +244,62 @@ static int passed_hint(magpool_t *pool, mp_park *k, magpool_stream_t s) {
   return passed;
 }
 
+/* ------------------------------------------------------------ fenced runs */
+
+/* The open fence batch, detached. */
+typedef struct fbatch {
+  uint32_t *fr, n, tag;
+  int64_t bytes;
+} fbatch;
+
+/* Under flock. */
+static fbatch fence_detach(mp_park *k) {
+  fbatch f = {k->fr, k->fn, k->ftag, mp_load_relaxed(&k->fbytes)};
+  k->fr = NULL;
+  k->fn = k->fcap = 0;
+  mp_store_relaxed(&k->fbytes, 0);
+  return f;
+}
+
+static void fence_retire(magpool_t *pool, mp_sentry *e, magpool_stream_t s, fbatch f) {
+  if (f.n != 0) mp_retire_fenced(pool, &e->pending, s, f.fr, f.n, f.tag, f.bytes);
+  else free(f.fr);
+}
+
+/* Run p, freed on s, which has not passed the free (or was not asked):
+ * back to the free runs at once, fenced for s with the open batch's tag
+ * (runs.h), its range noted in the batch; the batch goes behind s once
+ * it holds more than the park's budget of runs.  1 fenced, 0 not a run
+ * (park it), -1 the park is closed (the caller retires p). */
+static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order) {
+  mp_park *k = &e->park;
+  mp_acct a = {0, 0, 0};
+  fbatch old = {NULL, 0, 0, 0};
+  int rc = -1;
+  word_lock(k, &k->flock);
+  if (k->fclosed) goto out;
+  rc = 0;
+  if (k->fn == k->fcap) { /* no host memory for the range: p is parked */
+    uint32_t cap = k->fcap != 0 ? 2 * k->fcap : 16, *fr = realloc(k->fr, 2 * sizeof *fr * cap);
+    if (fr == NULL) goto out;
+    k->fr = fr;
+    k->fcap = cap;
+  }
+  if (k->fn == 0) k->ftag = mp_runs_tag(pool);
+  if (!mp_region_fence(pool, &a, p, order, k->ftag, e->key, &k->fr[2 * k->fn])) goto out;
+  int64_t now = mp_load_relaxed(&k->fbytes) + ((int64_t)k->fr[2 * k->fn + 1] << pool->chunks->shift);
+  k->fn++;
+  mp_store_relaxed(&k->fbytes, now);
+  if (now > mp_park_budget(pool, order)) old = fence_detach(k);
+  rc = 1;
+  MP_HOOK(MP_HOOK_FENCE_PUT, k);
+out:
+  word_unlock(&k->flock);
+  mp_acct_settle(pool, &a);
+  fence_retire(pool, e, s, old);
+  return rc;
+}
+
 bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order,
                  int *passed) {
   if (pool->cfg.stream_cache_bytes == 0) return false;
@@ -246,13 +307,17 @@ bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, uns
   int64_t b = (int64_t)mp_block_cost(pool, p, order);
   /* A run (a chunk or more), or a block over its budget (which would be
    * parked alone and retired at the next park): if s has passed its free,
-   * the caller gives it to the trees now, as a synchronous free's would.
-   * A parked run keeps its chunks busy, so the runs allocated meanwhile
-   * land elsewhere and a warm pool moves chunks to follow them
-   * (docs/design.md, the park: "Runs on passed streams"). */
+   * the caller gives it to the trees now, as a synchronous free's would
+   * (docs/design.md, the park: "Runs on passed streams").  Else a run is
+   * fenced for s (fence_put), where s's requests of any size may use its
+   * chunks; a parked one would serve only its order. */
   if ((partial(pool, order) || b > mp_park_budget(pool, order)) && pool->sops->idle != NULL &&
       (*passed = passed_hint(pool, k, s)) == 1)
     return false;
+  if (partial(pool, order)) {
+    int f = fence_put(pool, e, s, p, order);
+    if (f != 0) return f > 0;
+  }
   mp_mag *old = NULL;
   bool ok = false;
   park_lock(k);
@@ -342,9 +407,24 @@ bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size) {
   return after > mp_load_relaxed(&c->hwm) && after > c->keep;
 }
 
+void mp_park_retire_all(magpool_t *pool, mp_sentry *e, magpool_stream_t h, bool close,
+                        mp_mag *chain) {
+  mp_park *k = &e->park;
+  chain = mp_park_take_all(pool, e, close, chain);
+  if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, h, chain, -1);
+  if (!close && mp_load_relaxed(&k->fbytes) == 0) return;
+  word_lock(k, &k->flock);
+  fbatch f = fence_detach(k);
+  if (close) k->fclosed = true;
+  MP_HOOK(MP_HOOK_FENCE_CLOSE, k);
+  word_unlock(&k->flock);
+  fence_retire(pool, e, h, f);
+}
+
 void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
   if (mp_load_relaxed(&e->park.bytes) == 0 || pool->sops->capturing(pool->src_ctx, s) != 0)
     return;
+  /* The park only: s may use its fenced runs (runs.h) whatever happens. */
   mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
   if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, s, chain, -1);
 }

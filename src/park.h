@@ -22,7 +22,9 @@
  * would raise the pool's high-water mark) at most max(need / 8, a chunk)
  * above the request's.  Any thread allocating on e's stream. */
 void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size, bool peak);
-/* Parks p (freed on s, e's stream).  If the park would pass its budget
+/* Parks p (freed on s, e's stream); a run on a chunked pool is fenced
+ * for s instead (runs.h), into the open fence batch, which goes behind s
+ * in one batch once its runs pass the budget.  If the park would pass its budget
  * (mp_park_budget), its least recently used orders go behind s first, and
  * now and then the orders idle for long (park.c): in one batch (one
  * stream callback); p stays parked (alone if it is over the budget).  A
@@ -43,6 +45,11 @@ bool mp_park_put_chain(magpool_t *pool, mp_sentry *e, magpool_stream_t s, mp_mag
  * caller retires the result behind e's stream.  Any thread holding e's
  * entry lock (so e's stream is valid), or its destroy. */
 mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chain);
+/* mp_park_take_all, retiring what it takes behind h (with `chain`), and
+ * the open fence batch with it (with `close`, later runs are not fenced
+ * here: the caller retires them).  Under e's entry lock (h valid). */
+void mp_park_retire_all(magpool_t *pool, mp_sentry *e, magpool_stream_t h, bool close,
+                        mp_mag *chain);
 /* Would a block of `order` for `size` make a chunked pool map chunks it
  * has never had busy at once: more chunks than mapped, counting the busy
  * ones?  (A hint: relaxed reads.)  false on other pools and for blocks

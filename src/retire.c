@@ -87,6 +87,21 @@ static mp_mag *fence_runs(magpool_t *pool, mp_batch *b, uint64_t owner, mp_mag *
   return keep;
 }
 
+/* Counts batch b pending and asks for its callback behind h (or, if
+ * that fails, waits for h and runs it). */
+static void enqueue(magpool_t *pool, mp_batch *b, magpool_stream_t h) {
+  mp_retire *rt = &pool->retire;
+  mp_fetch_add_relaxed(&rt->pending_bytes, b->bytes);
+  mp_fetch_add_relaxed(&rt->batches, 1);
+  mp_fetch_add_acq_rel(&rt->pending_batches, 1);
+  mp_fetch_add_acq_rel(b->pending, 1);
+  int rc = pool->sops->after(pool->src_ctx, h, batch_done, b);
+  if (rc != 0) {
+    pool->sops->sync(pool->src_ctx, h);
+    batch_done(b, rc);
+  }
+}
+
 void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, uint64_t owner, magpool_stream_t h,
                      mp_mag *chain, int passed) {
   mp_retire *rt = &pool->retire;
@@ -113,15 +128,22 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, uint64_t owner, 
   for (mp_mag *m = chain; m != NULL; m = mp_load_relaxed(&m->next))
     for (uint32_t i = 0; i < m->count; i++)
       b->bytes += (int64_t)mp_block_cost(pool, m->slot[i], m->order);
-  mp_fetch_add_relaxed(&rt->pending_bytes, b->bytes);
-  mp_fetch_add_relaxed(&rt->batches, 1);
-  mp_fetch_add_acq_rel(&rt->pending_batches, 1);
-  mp_fetch_add_acq_rel(pending, 1);
-  int rc = pool->sops->after(pool->src_ctx, h, batch_done, b);
-  if (rc != 0) {
-    pool->sops->sync(pool->src_ctx, h);
-    batch_done(b, rc);
+  enqueue(pool, b, h);
+}
+
+void mp_retire_fenced(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_t h, uint32_t *fr,
+                      uint32_t n, uint32_t tag, int64_t bytes) {
+  bool passed = pool->sops->idle != NULL && pool->sops->idle(pool->src_ctx, h) == 1;
+  mp_batch *b = passed ? NULL : malloc(sizeof *b);
+  if (b == NULL) { /* passed, or no host memory: wait for the stream */
+    if (!passed) pool->sops->sync(pool->src_ctx, h);
+    mp_runs_unfence(pool, fr, n, tag);
+    free(fr);
+    return;
   }
+  *b = (mp_batch){.pool = pool, .pending = pending != NULL ? pending : &pool->retire.orphan_pending,
+                  .fbytes = bytes, .fr = fr, .nfr = n, .tag = tag};
+  enqueue(pool, b, h);
 }
 
 size_t mp_retire_drain(magpool_t *pool, mp_acct *a) {

@@ -257,8 +257,7 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
  * freed on the entry's stream go behind its work (h names it here), the
  * slots close, and the entry leaves the table. */
 static void entry_release_locked(magpool_t *pool, mp_sentry *e, magpool_stream_t h) {
-  mp_mag *chain = mp_park_take_all(pool, e, true, entry_steal_locked(pool, e, true));
-  if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, h, chain, -1);
+  mp_park_retire_all(pool, e, h, true, entry_steal_locked(pool, e, true));
   mp_entry_release_locked(pool, e);
 }
 
@@ -281,19 +280,18 @@ static void flush_one(magpool_t *pool, mp_sentry *e, void *arg) {
    * owner's: only the owner retires it (mp_streams_thread_flush). */
   if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
       pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
-    mp_mag *chain = mp_park_take_all(pool, e, false, entry_steal_locked(pool, e, false));
-    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, e->handle, chain, -1);
+    mp_park_retire_all(pool, e, e->handle, false, entry_steal_locked(pool, e, false));
   }
   mp_entry_unlock(e);
 }
 
 static void park_retire_one(magpool_t *pool, mp_sentry *e, void *except) {
-  if (e == except || mp_load_relaxed(&e->park.bytes) == 0) return;
+  if (e == except || (mp_load_relaxed(&e->park.bytes) == 0 && mp_load_relaxed(&e->park.fbytes) == 0))
+    return;
   if (mp_load_relaxed(&e->sid) == 0 || !mp_entry_try(e)) return; /* busy: skip it */
   if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
       pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
-    mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
-    if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, e->handle, chain, -1);
+    mp_park_retire_all(pool, e, e->handle, false, NULL);
   }
   mp_entry_unlock(e);
 }
@@ -324,7 +322,8 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
     /* After a trim, the stream's park too (every thread that used the
      * stream passes here); at exit only the slot: other threads may still
      * be reusing the park. */
-    bool park = !exiting && mp_load_relaxed(&e->park.bytes) != 0;
+    bool park = !exiting && (mp_load_relaxed(&e->park.bytes) != 0 ||
+                             mp_load_relaxed(&e->park.fbytes) != 0);
     if (mp_load_relaxed(&sl->bytes) == 0 && !park && !own_stream) continue;
     mp_streams_read_lock();
     mp_entry_lock(e);
@@ -340,8 +339,8 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
         mp_mag *chain = slot_take_all(pool, sl);
         mp_slot_exit_owner(sl);
         MP_HOOK(MP_HOOK_SLOT_FLUSH, sl);
-        if (park) chain = mp_park_take_all(pool, e, false, chain);
-        if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, e->handle, chain, -1);
+        if (park) mp_park_retire_all(pool, e, e->handle, false, chain);
+        else if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, e->handle, chain, -1);
       }
     }
     mp_entry_unlock(e);

@@ -70,11 +70,17 @@ void mp_streams_read_unlock(void) {
 
 void mp_streams_rcu_callback(void) { mp_tsan_acquire(&rcu_token); }
 
+/* An entry's memory: the node and its park's fence ranges. */
+static void ent_free(ent_node *en) {
+  free(en->e.park.fr);
+  free(en);
+}
+
 static void ent_free_rcu(struct rcu_head *h) {
   mp_streams_rcu_callback();
   ent_node *en = caa_container_of(h, ent_node, rcu);
   mp_tsan_acquire(en);
-  free(en);
+  ent_free(en);
 }
 
 static void ent_call_rcu(ent_node *en) {
@@ -201,12 +207,12 @@ void mp_stream_table_fini(magpool_t *pool) {
   mp_streams_read_lock();
   cds_lfht_for_each(ss->ht, &it, n) {
     (void)cds_lfht_del(ss->ht, n);
-    free(caa_container_of(n, ent_node, node));
+    ent_free(caa_container_of(n, ent_node, node));
   }
   mp_streams_read_unlock();
   for (mp_sentry *e = ss->dead, *next; e != NULL; e = next) {
     next = e->dead_next;
-    free(node_of(e));
+    ent_free(node_of(e));
   }
   (void)cds_lfht_destroy(ss->ht, NULL);
   pthread_mutex_destroy(&ss->dead_lock);

@@ -325,23 +325,25 @@ typedef struct mp_sslot {
 /* Blocks freed on one stream that any thread's allocations on that
  * stream may reuse at once ("parked"), until a batch retires them behind
  * the stream (park.c).  Per order, a chain of magazines whose head may be
- * partial (or empty: it is kept for the next park).  Everything but `mask`
- * and `bytes` is read and written only under `lock`, the innermost lock
- * (rank 0: nothing else is taken while it is held but the lock-free
- * magazine stacks). */
+ * partial (or empty: kept for the next park).  Everything but `mask` and
+ * `bytes` is under `lock`, the innermost lock (rank 0: its holder takes
+ * only the lock-free magazine stacks).  Runs are not parked but fenced
+ * (runs.h) into the open fence batch, under `flock` (held only for a
+ * fence's runs lock). */
 typedef struct mp_park {
   _Atomic int lock;             /* 0 free, 1 held: ACQUIRE CAS, RELEASE  */
-  _Atomic uint64_t mask;        /* bit o: order o has blocks.  Written
-                                   under lock, read relaxed as a hint    */
-  _Atomic int64_t bytes;        /* bytes parked: written under lock, read
-                                   by stats (relaxed)                    */
+  _Atomic uint64_t mask;        /* bit o: order o has blocks (relaxed)  */
+  _Atomic int64_t bytes;        /* bytes parked (stats read it relaxed) */
   int64_t small_bytes;          /* of orders < pool->s_nclasses (lock)   */
   uint32_t clock;               /* parks and takes so far (lock)         */
   bool closed;                  /* released: parks go elsewhere (lock)   */
   mp_mag *mags[MP_MAX_ORDER + 1]; /* per order, chain via next (lock)    */
   int64_t obytes[MP_MAX_ORDER + 1]; /* per order, bytes parked (lock)    */
-  uint32_t used[MP_MAX_ORDER + 1];  /* per order, clock at its last park
-                                       or take (lock)                    */
+  uint32_t used[MP_MAX_ORDER + 1];  /* per order, clock at last use     */
+  _Atomic int flock;            /* the open fence batch: lock, closed,  */
+  bool fclosed;                 /* tag, (start, length) pairs, bytes    */
+  uint32_t ftag, fn, fcap, *fr; /* (fbytes also read relaxed)           */
+  _Atomic int64_t fbytes;
   _Atomic uint32_t idle_skip;   /* run frees that answer "not known"     */
   _Atomic uint32_t idle_back;   /* without asking the stream, and the
                                    next such count (park.c, passed_hint):

@@ -140,6 +140,8 @@ typedef struct mpt_cfg {
   size_t max;              /* .max_pool_size (default 0: no limit) */
   size_t min_block;        /* .min_block                          */
   size_t cache_max;        /* .cache_max_block                    */
+  size_t chunk;            /* .chunk_size (a pool_size it does not
+                              divide is not chunked: whole regions) */
   int growth;              /* .allow_growth (default 0: off)      */
   magpool_mem_kind_t kind; /* .kind (default MAGPOOL_MEM_HOST)    */
 } mpt_cfg;
@@ -160,6 +162,7 @@ static inline magpool_t *mpt_pool(const mpt_cfg *c) {
   cfg.max_pool_size = mpt_cfg_size_(c->max, cfg.max_pool_size);
   cfg.min_block = mpt_cfg_size_(c->min_block, cfg.min_block);
   cfg.cache_max_block = mpt_cfg_size_(c->cache_max, cfg.cache_max_block);
+  cfg.chunk_size = mpt_cfg_size_(c->chunk, cfg.chunk_size);
   if (c->growth != 0)
     cfg.allow_growth = c->growth;
   if (c->kind != 0)

@@ -370,3 +370,138 @@ Test(races, a_failed_take_fences_again, .timeout = 60) {
   cr_assert_eq(magpool_trim(pool), 0);
   finish(pool, 4 * MiB, &S, 1);
 }
+
+/* ------------------------------------------------- the open fence batch */
+
+/* A park with the default stream_cache_bytes (8 MiB; 8 MiB for runs on a
+ * 64 MiB pool): a 4 MiB run freed on blocked S joins the open batch. */
+static int fstop_point;
+static _Thread_local int fstopper, fwaiter;
+static flag fstopped = FLAG_INIT, fgo = FLAG_INIT, fwaiting = FLAG_INIT;
+
+static void fence_hook(int point, void *arg) {
+  (void)arg;
+  if (fstopper && point == fstop_point) {
+    fstopper = 0;
+    flag_set(&fstopped);
+    flag_wait(&fgo);
+  } else if (fwaiter && point == MP_HOOK_PARK_WAIT) {
+    fwaiter = 0;
+    flag_set(&fwaiting);
+  }
+}
+
+typedef struct fjob {
+  magpool_t *pool;
+  magpool_stream_t s;
+  void *x; /* freed on s; NULL: trim */
+  int stop, wait;
+  flag ready, start;
+} fjob;
+
+/* A free first makes the thread's slot for s (under the entry lock,
+ * which a stopped trim holds), with a block it frees synchronously. */
+static void *fjob_run(void *arg) {
+  fjob *j = arg;
+  if (j->x != NULL) {
+    void *w = magpool_alloc_async(j->pool, 64, j->s);
+    cr_assert_not_null(w);
+    cr_assert_eq(magpool_free(j->pool, w), 0);
+  }
+  flag_set(&j->ready);
+  flag_wait(&j->start);
+  fstopper = j->stop;
+  fwaiter = j->wait;
+  if (j->x != NULL) cr_assert_eq(magpool_free_async(j->pool, j->x, j->s), 0);
+  else cr_assert_eq(magpool_trim(j->pool), 0);
+  return NULL;
+}
+
+/* `first` runs until it stops at `point` holding the fence lock; then
+ * `second` until it waits for that lock; then both finish. */
+static void fmeet(fjob *first, int point, fjob *second) {
+  fstop_point = point;
+  first->stop = 1;
+  second->wait = 1;
+  mp_hook_set(fence_hook);
+  pthread_t a, b;
+  cr_assert_eq(pthread_create(&a, NULL, fjob_run, first), 0);
+  cr_assert_eq(pthread_create(&b, NULL, fjob_run, second), 0);
+  flag_wait(&first->ready);
+  flag_wait(&second->ready);
+  flag_set(&first->start);
+  flag_wait(&fstopped);
+  flag_set(&second->start);
+  flag_wait(&fwaiting);
+  flag_set(&fgo);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  mp_hook_set(NULL);
+}
+
+static mp_park *park_of(magpool_t *pool, magpool_stream_t s) {
+  mp_streams_read_lock();
+  mp_sentry *e = mp_entry_find_rcu(pool, key_of(pool, s), s, false);
+  mp_streams_read_unlock();
+  cr_assert_not_null(e);
+  return &e->park; /* the entry lives until s is released */
+}
+
+/* A free holds the fence lock with its run noted in the open batch while
+ * trim waits for the lock: the trim's batch then carries that run (one
+ * batch, the open one empty after), and S still gets the run. */
+Test(races, a_trim_waits_for_a_fence_put, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_hold(&g, S);
+  void *x = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(x);
+  mp_park *k = park_of(pool, S);
+  uint64_t b0 = atomic_load(&pool->retire.batches);
+  fjob fr = {pool, S, x, 0, 0, FLAG_INIT, FLAG_INIT}, tr = {pool, S, NULL, 0, 0, FLAG_INIT, FLAG_INIT};
+  fmeet(&fr, MP_HOOK_FENCE_PUT, &tr);
+  cr_assert_eq(atomic_load(&pool->retire.batches), b0 + 1, "the trim did not retire one batch");
+  cr_assert_eq(k->fn, 0, "the trim left the run in the open batch");
+  cr_assert(fenced(pool, rchunk(pool, x)), "the run is not fenced");
+  cr_assert_eq(mpt_stats(pool).pending_bytes, BIG);
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_eq(y, x, "S did not get its run back after the trim retired it");
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_release(&g, S);
+  finish(pool, PS, &S, 1);
+}
+
+/* Trim holds the fence lock, the open batch detached, while a free waits
+ * for the lock: the free's run starts a new batch with a new tag, and the
+ * trim's batch, once S passes, unfences only its own run. */
+Test(races, a_fence_put_after_a_close_opens_a_new_batch, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_hold(&g, S);
+  void *x = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(x);
+  void *z = fence_one(pool, S);
+  mp_park *k = park_of(pool, S);
+  uint32_t t1 = pool->chunks->runs.tag[rchunk(pool, z)];
+  cr_assert(k->fn == 1 && k->ftag == t1, "z is not in the open batch");
+  fjob tr = {pool, S, NULL, 0, 0, FLAG_INIT, FLAG_INIT}, fr = {pool, S, x, 0, 0, FLAG_INIT, FLAG_INIT};
+  fmeet(&tr, MP_HOOK_FENCE_CLOSE, &fr);
+  uint32_t t2 = pool->chunks->runs.tag[rchunk(pool, x)];
+  cr_assert(t2 != 0 && t2 != t1, "the free after the close did not start a new batch");
+  cr_assert(k->fn == 1 && k->ftag == t2);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 2 * BIG);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  cr_assert_eq(mpt_stats(pool).pending_bytes, BIG, "the trim's batch unfenced x, or not z");
+  cr_assert(!fenced(pool, rchunk(pool, z)) && fenced(pool, rchunk(pool, x)));
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_trim(pool), 0); /* S idle: x unfenced at once */
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
+  finish(pool, PS, &S, 1);
+}
