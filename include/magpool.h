@@ -219,12 +219,17 @@ typedef struct magpool_stats {
   size_t peak_used_bytes;    /* high-water mark of bytes handed out by the
                                 tree (live plus cached); >= used_bytes     */
   size_t cached_bytes;       /* free blocks held by thread caches, depots
-                                and stream caches, ready for reuse         */
+                                and stream caches, ready for reuse; on
+                                chunked pools also runs (blocks of a
+                                chunk or more) fenced for their stream's
+                                reuse (magpool_alloc_async) whose batch
+                                has not yet gone behind the stream        */
   size_t pending_bytes;      /* blocks freed on streams that have not yet
-                                reached the free; on chunked pools this
-                                includes runs (blocks of a chunk or more)
-                                given back at once for their own stream's
-                                reuse only ("fenced", magpool_alloc_async) */
+                                reached the free, as far as the pool
+                                knows: retired behind the stream, fenced
+                                runs included, until the stream's
+                                callback and the next slow path (or
+                                magpool_get_stats) see it pass            */
   size_t free_bytes;         /* bytes free in the tree (chunked pools: in
                                 the mapped chunks)                         */
   size_t largest_free_block; /* largest block the tree can hand out now,

@@ -70,7 +70,8 @@ static void reserved_add(magpool_t *pool, int64_t chunks) {
   size_t now = mp_fetch_add_relaxed(&pool->reserved, (size_t)d) + (size_t)d;
   if (d > 0 && mp_max_relaxed_size(&pool->peak_reserved, now) == now) /* a new peak */
     mp_store_relaxed(&pool->pending_at_peak,
-                     mp_load_relaxed(&pool->retire.pending_bytes) + (int64_t)mp_runs_fenced_bytes(pool));
+                     mp_load_relaxed(&pool->retire.pending_bytes) +
+                         (int64_t)mp_runs_fenced_bytes(pool, true));
 }
 
 /* The mapped bitmap (under the lock). */

@@ -206,11 +206,11 @@ void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t ne
  * owner's. */
 void mp_region_give(magpool_t *pool, mp_acct *a, void *p, unsigned order);
 /* A run p freed on a stream that has not passed the free: back to the
- * free runs fenced by (tag, owner) (runs.h), its chunks kept busy; its
- * run-space range in range[0..1].  false (nothing done) if p is not a
- * run. */
+ * free runs fenced by (tag, owner, retired: mp_runs_fence), its chunks
+ * kept busy; its run-space range in range[0..1].  false (nothing done)
+ * if p is not a run. */
 bool mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
-                     uint64_t owner, uint32_t *range);
+                     uint64_t owner, bool retired, uint32_t *range);
 /* The same without merging (lazy coalescing). */
 void mp_region_give_lazy(magpool_t *pool, mp_acct *a, void *p, unsigned order);
 /* Gives `n` (<= MP_MAG_SLOTS) blocks of one order back: sorts them by

@@ -286,7 +286,7 @@ static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p,
     k->fcap = cap;
   }
   if (k->fn == 0) k->ftag = mp_runs_tag(pool);
-  if (!mp_region_fence(pool, &a, p, order, k->ftag, e->key, &k->fr[2 * k->fn])) goto out;
+  if (!mp_region_fence(pool, &a, p, order, k->ftag, e->key, false, &k->fr[2 * k->fn])) goto out;
   int64_t now = mp_load_relaxed(&k->fbytes) + ((int64_t)k->fr[2 * k->fn + 1] << pool->chunks->shift);
   k->fn++;
   mp_store_relaxed(&k->fbytes, now);

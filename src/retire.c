@@ -71,7 +71,8 @@ static mp_mag *fence_runs(magpool_t *pool, mp_batch *b, uint64_t owner, mp_mag *
     mn = mp_load_relaxed(&m->next);
     uint32_t k = 0;
     for (uint32_t i = 0; i < m->count; i++)
-      if (!mp_region_fence(pool, &a, m->slot[i], m->order, b->tag, owner, &b->fr[2 * b->nfr]))
+      if (!mp_region_fence(pool, &a, m->slot[i], m->order, b->tag, owner, true,
+                           &b->fr[2 * b->nfr]))
         m->slot[k++] = m->slot[i];
       else
         b->fbytes += (int64_t)b->fr[2 * b->nfr++ + 1] << pool->chunks->shift;
@@ -143,6 +144,7 @@ void mp_retire_fenced(magpool_t *pool, _Atomic int64_t *pending, magpool_stream_
   }
   *b = (mp_batch){.pool = pool, .pending = pending != NULL ? pending : &pool->retire.orphan_pending,
                   .fbytes = bytes, .fr = fr, .nfr = n, .tag = tag};
+  mp_runs_retire(pool, fr, n, tag); /* from cached to pending */
   enqueue(pool, b, h);
 }
 

@@ -101,11 +101,27 @@ static uint32_t next_full(const mp_runs *r, uint32_t L) {
   return MP_RUN_BINS;
 }
 
-static inline bool fbit(const mp_runs *r, uint32_t k) { return r->fbits[k / 64] >> (k % 64) & 1; }
-static inline void fbit_put(mp_runs *r, uint32_t k, bool on) {
+static inline bool bit(const uint64_t *w, uint32_t k) { return w[k / 64] >> (k % 64) & 1; }
+static inline bool fbit(const mp_runs *r, uint32_t k) { return bit(r->fbits, k); }
+static inline bool rbit(const mp_runs *r, uint32_t k) { return bit(r->rbits, k); }
+static inline void bit_set(uint64_t *w, uint32_t k, bool on) {
   uint64_t b = (uint64_t)1 << (k % 64);
-  r->fbits[k / 64] = on ? r->fbits[k / 64] | b : r->fbits[k / 64] & ~b;
-  mp_store_relaxed(&r->nfenced, mp_load_relaxed(&r->nfenced) + (on ? 1 : (uint64_t)-1));
+  w[k / 64] = on ? w[k / 64] | b : w[k / 64] & ~b;
+}
+static inline void count(_Atomic uint64_t *n, bool up) {
+  mp_store_relaxed(n, mp_load_relaxed(n) + (up ? 1 : (uint64_t)-1));
+}
+/* Chunk k in or out of fbits (nretired follows if its batch is retired). */
+static inline void fbit_put(mp_runs *r, uint32_t k, bool on) {
+  bit_set(r->fbits, k, on);
+  count(&r->nfenced, on);
+  if (rbit(r, k)) count(&r->nretired, on);
+}
+/* Chunk k's batch retired (on) or the chunk out of any batch (off). */
+static inline void rbit_put(mp_runs *r, uint32_t k, bool on) {
+  if (rbit(r, k) == on) return;
+  bit_set(r->rbits, k, on);
+  if (fbit(r, k)) count(&r->nretired, on);
 }
 
 /* The first chunk in [i, end) fenced by another than `owner` (any fenced
@@ -234,7 +250,10 @@ static void insert(mp_runs *r, uint32_t s, uint32_t m) {
 void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
   mp_runs *r = &pool->chunks->runs;
   pthread_mutex_lock(r->lock);
-  for (uint32_t k = s; k < s + m; k++) r->tag[k] = 0;
+  for (uint32_t k = s; k < s + m; k++) {
+    r->tag[k] = 0;
+    rbit_put(r, k, false);
+  }
   insert(r, s, m);
   pthread_mutex_unlock(r->lock);
 }
@@ -265,12 +284,14 @@ uint32_t mp_runs_tag(magpool_t *pool) {
   return t;
 }
 
-void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner) {
+void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
+                   bool retired) {
   mp_runs *r = &pool->chunks->runs;
   pthread_mutex_lock(r->lock);
   for (uint32_t k = s; k < s + m; k++) {
     r->tag[k] = tag;
     r->owner[k] = owner;
+    rbit_put(r, k, retired);
     fbit_put(r, k, true);
   }
   insert(r, s, m);
@@ -286,8 +307,10 @@ void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t t
     for (uint32_t k = fr[2 * i]; k < fr[2 * i] + fr[2 * i + 1]; k++) {
       if (r->tag[k] != tag) continue; /* taken and given again since */
       r->tag[k] = 0;
-      if (!fbit(r, k)) continue; /* taken since: its taker counts it */
-      fbit_put(r, k, false);
+      bool f = fbit(r, k);
+      if (f) fbit_put(r, k, false);
+      rbit_put(r, k, false);
+      if (!f) continue; /* taken since: its taker counts it */
       /* RELEASE: the stream's last use happens before an unmap that
        * reads 0 (chunk.c). */
       mp_store_release(&c->busy[c->run0 + k], 0);
@@ -297,9 +320,19 @@ void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t t
   pthread_mutex_unlock(r->lock);
 }
 
-uint64_t mp_runs_fenced_bytes(const magpool_t *pool) {
+void mp_runs_retire(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag) {
+  mp_runs *r = &pool->chunks->runs;
+  pthread_mutex_lock(r->lock);
+  for (uint32_t i = 0; i < n; i++)
+    for (uint32_t k = fr[2 * i]; k < fr[2 * i] + fr[2 * i + 1]; k++)
+      if (r->tag[k] == tag) rbit_put(r, k, true); /* taken ones too: a putback */
+  pthread_mutex_unlock(r->lock);
+}
+
+uint64_t mp_runs_fenced_bytes(const magpool_t *pool, bool retired) {
   const mp_chunks *c = pool->chunks;
-  return c == NULL ? 0 : mp_load_relaxed(&c->runs.nfenced) << c->shift;
+  if (c == NULL) return 0;
+  return mp_load_relaxed(retired ? &c->runs.nretired : &c->runs.nfenced) << c->shift;
 }
 
 int mp_runs_init(magpool_t *pool, uint32_t n) {
@@ -312,9 +345,10 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   r->tag = calloc(n, sizeof *r->tag);
   r->owner = calloc(n, sizeof *r->owner);
   r->fbits = calloc((n + 63) / 64, sizeof *r->fbits);
+  r->rbits = calloc((n + 63) / 64, sizeof *r->rbits);
   r->lock = malloc(sizeof(pthread_mutex_t));
   if (r->head == NULL || r->tail == NULL || r->next == NULL || r->prev == NULL || r->lock == NULL ||
-      r->tag == NULL || r->owner == NULL || r->fbits == NULL) {
+      r->tag == NULL || r->owner == NULL || r->fbits == NULL || r->rbits == NULL) {
     mp_runs_fini(pool);
     return MAGPOOL_ENOMEM;
   }
@@ -324,6 +358,7 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   r->free_chunks = 0;
   r->next_tag = 0;
   mp_store_relaxed(&r->nfenced, 0);
+  mp_store_relaxed(&r->nretired, 0);
   list_push(r, 0, n);
   return 0;
 }
@@ -337,10 +372,11 @@ void mp_runs_fini(magpool_t *pool) {
   free(r->tag);
   free(r->owner);
   free(r->fbits);
+  free(r->rbits);
   if (r->lock != NULL) pthread_mutex_destroy(r->lock);
   free(r->lock);
   r->head = r->tail = r->next = r->prev = r->tag = NULL;
-  r->owner = r->fbits = NULL;
+  r->owner = r->fbits = r->rbits = NULL;
   r->lock = NULL;
 }
 
@@ -361,7 +397,7 @@ int mp_runs_check(magpool_t *pool) {
       listed += r->head[s];
     }
   bool last_free = false;
-  uint64_t fenced = 0;
+  uint64_t fenced = 0, retired = 0;
   for (uint32_t i = 0; i < r->n;) {
     if (r->head[i] != 0) {
       uint32_t len = r->head[i];
@@ -369,6 +405,7 @@ int mp_runs_check(magpool_t *pool) {
       for (uint32_t k = i; k < i + len && k < r->n; k++) { /* fenced: tag and busy, else neither */
         bool f = fbit(r, k);
         fenced += f;
+        retired += f && rbit(r, k);
         if (f != (r->tag[k] != 0) || f != (mp_load_relaxed(&c->busy[c->run0 + k]) != 0))
           return MAGPOOL_EINVAL;
       }
@@ -384,7 +421,8 @@ int mp_runs_check(magpool_t *pool) {
     i += m;
     last_free = false;
   }
-  return listed == free_seen && free_seen == r->free_chunks && fenced == mp_load_relaxed(&r->nfenced)
+  return listed == free_seen && free_seen == r->free_chunks && fenced == mp_load_relaxed(&r->nfenced) &&
+                 retired == mp_load_relaxed(&r->nretired)
              ? 0
              : MAGPOOL_EINVAL;
 }

@@ -18,9 +18,12 @@
  *     count stays up, so no unmap can slip in) but leaves their tags:
  *     if the take fails (mp_chunks_acquire), mp_runs_putback fences the
  *     chunks whose tag is still there again and counts down the others.
+ *   - Statistics: a fenced chunk whose batch is still open (the park's
+ *     open fence batch, park.c) is cached, as a parked block is; once the
+ *     batch is retired behind S (rbits), pending.
  * Invariants (mp_runs_check, quiescent): fbits ⊆ free chunks, and a chunk
  * in fbits has a tag and a busy count; a free chunk outside fbits has
- * tag 0 and busy 0; nfenced == popcount(fbits). */
+ * tag 0 and busy 0; nfenced == |fbits|, nretired == |fbits & rbits|. */
 #ifndef MAGPOOL_RUNS_H
 #define MAGPOOL_RUNS_H
 
@@ -41,13 +44,20 @@ void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m);
 /* A fresh batch tag (never 0). */
 uint32_t mp_runs_tag(magpool_t *pool);
 /* Back to the free runs, fenced by (tag, owner): [s, s + m) of a run
- * freed on owner's stream, busy counts kept. */
-void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner);
+ * freed on owner's stream, busy counts kept; `retired`: its batch is
+ * behind the stream already (else mp_runs_retire says so later). */
+void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
+                   bool retired);
+/* The batch `tag` (n ranges in fr) goes behind its stream: its fenced
+ * chunks count as pending from now on, no longer as cached. */
+void mp_runs_retire(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag);
 /* The batch `tag` has passed: unfences the chunks of its n ranges
  * (start, length pairs in fr) that still carry it. */
 void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag);
-/* Bytes in fenced free runs (a statistic: pending). */
-uint64_t mp_runs_fenced_bytes(const magpool_t *pool);
+/* Bytes in fenced free runs, all of them or (`retired`) those whose batch
+ * is behind its stream (statistics: those are pending, the others
+ * cached, as parked blocks are).  Relaxed. */
+uint64_t mp_runs_fenced_bytes(const magpool_t *pool, bool retired);
 /* The run invariants on a quiescent pool: 0 or MAGPOOL_EINVAL. */
 int mp_runs_check(magpool_t *pool);
 

@@ -36,7 +36,7 @@ static int64_t depot_sum(magpool_t *pool) {
  * run, the terms are read at slightly different instants. */
 static size_t tree_free(magpool_t *pool, const sums *s) {
   uint64_t reserved = mp_load_relaxed(&pool->reserved);
-  uint64_t out = s->held + mp_runs_fenced_bytes(pool); /* fenced runs are pending */
+  uint64_t out = s->held + mp_runs_fenced_bytes(pool, false); /* fenced: not free */
   return out < reserved ? (size_t)(reserved - out) : 0;
 }
 
@@ -65,14 +65,18 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   out->requested_bytes = (size_t)s.requested;
   out->reserved_bytes = mp_load_relaxed(&pool->reserved);
   out->cached_bytes = (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
-  out->pending_bytes = spending + mp_runs_fenced_bytes(pool);
+  /* Fenced runs (runs.h) are in neither held nor spending: pending once
+   * their batch is behind the stream, cached while it is open. */
+  size_t fenced = mp_runs_fenced_bytes(pool, false), retired = mp_runs_fenced_bytes(pool, true);
+  if (retired > fenced) retired = fenced; /* read at two instants */
+  out->pending_bytes = spending + retired;
   /* Live bytes: everything out of the trees that is not cached or
-   * pending (fenced runs are in neither held nor spending).  Exact on a
-   * quiescent pool; while threads run, each term is read at a slightly
-   * different instant, so clamp. */
+   * pending.  Exact on a quiescent pool; while threads run, each term is
+   * read at a slightly different instant, so clamp. */
   int64_t used = (int64_t)(s.held - s.cached) - (depot > 0 ? depot : 0) - (int64_t)scached -
                  (int64_t)spending;
   out->used_bytes = used > 0 ? (size_t)used : 0;
+  out->cached_bytes += fenced - retired;
   out->free_bytes = tree_free(pool, &s);
   out->largest_free_block = largest_free(pool);
   /* A chunked pool's tree is address space; what it can hand out without
@@ -120,7 +124,9 @@ int magpool_mem_info(magpool_t *pool, size_t *free_bytes, size_t *total_bytes) {
     size_t scached = 0, spending = 0;
     mp_streams_stats(pool, &scached, &spending);
     int64_t depot = depot_sum(pool);
-    *free_bytes = tree_free(pool, &s) + (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
+    size_t fenced = mp_runs_fenced_bytes(pool, false), retired = mp_runs_fenced_bytes(pool, true);
+    *free_bytes = tree_free(pool, &s) + (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached +
+                  (retired < fenced ? fenced - retired : 0); /* fenced and not retired: cached */
   }
   if (total_bytes != NULL) *total_bytes = mp_load_relaxed(&pool->reserved);
   return 0;
@@ -174,11 +180,11 @@ static int check_chunked(magpool_t *pool) {
     if (scan_live(pool, r, from, to, &live_units, &live_cost) != 0) return MAGPOOL_EINVAL;
   }
   sums s = sum_threads(pool);
-  if (s.held + mp_runs_fenced_bytes(pool) != mp_chunks_out_bytes(pool)) return MAGPOOL_EINVAL; /* C4 */
+  if (s.held + mp_runs_fenced_bytes(pool, false) != mp_chunks_out_bytes(pool)) return MAGPOOL_EINVAL; /* C4 */
   magpool_stats_t st;
   magpool_get_stats(pool, &st);
   if (live_cost != st.used_bytes) return MAGPOOL_EINVAL;
-  if (st.reserved_bytes - s.held - mp_runs_fenced_bytes(pool) != st.free_bytes) return MAGPOOL_EINVAL;
+  if (st.reserved_bytes - s.held - mp_runs_fenced_bytes(pool, false) != st.free_bytes) return MAGPOOL_EINVAL;
   return 0;
 }
 

@@ -190,7 +190,7 @@ enum { MP_CHUNK_UNMAPPED = 0, MP_CHUNK_MAPPED = 1, MP_CHUNK_UNMAPPING = 2 };
  * and with the blocks out (ext[] of the chunk map) tile the space; a
  * bin's bit in `full` is set iff its list is not empty.  Fenced free
  * runs: tag (batch, 0: none), owner (the freeing stream entry's key),
- * fbits (fenced and free): runs.h has their invariants. */
+ * fbits (fenced and free), rbits (its batch retired): runs.h. */
 #define MP_RUN_BINS 256
 typedef struct mp_runs {
   uint32_t n;               /* chunks in the run space                  */
@@ -200,8 +200,8 @@ typedef struct mp_runs {
   uint64_t free_chunks;
   void *lock;               /* pthread_mutex_t *                        */
   uint32_t *tag, next_tag;  /* fenced free runs (above)                 */
-  uint64_t *owner, *fbits;
-  _Atomic uint64_t nfenced; /* popcount(fbits); stats read it relaxed   */
+  uint64_t *owner, *fbits, *rbits;     /* rbits: behind the stream   */
+  _Atomic uint64_t nfenced, nretired; /* |fbits|, |fbits & rbits|     */
 } mp_runs;
 
 typedef struct mp_chunks {
