@@ -40,6 +40,16 @@ static size_t tree_free(magpool_t *pool, const sums *s) {
   return out < reserved ? (size_t)(reserved - out) : 0;
 }
 
+/* Fenced free runs (runs.h): in neither the accounts' held bytes nor the
+ * retire counters.  *open: those whose batch is open (cached, as parked
+ * blocks), *retired: those behind their stream (pending).  Relaxed; the
+ * two counts are read at two instants, so clamped. */
+static void fenced_split(const magpool_t *pool, size_t *open, size_t *retired) {
+  size_t f = mp_runs_fenced_bytes(pool, false), r = mp_runs_fenced_bytes(pool, true);
+  *retired = r < f ? r : f;
+  *open = f - *retired;
+}
+
 /* Largest free block: per region, the summaries of each level from the
  * top order down; a level whose top summary word is 0 costs one load. */
 static size_t largest_free(magpool_t *pool) {
@@ -55,8 +65,8 @@ static size_t largest_free(magpool_t *pool) {
 int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   if (pool == NULL || out == NULL) return MAGPOOL_EINVAL;
   memset(out, 0, sizeof *out);
-  /* Fenced runs (runs.h) count as pending until their batch is drained:
-   * drain what has passed (nothing to do: one load). */
+  /* Retired fenced runs (runs.h) count as pending until their batch is
+   * drained: drain what has passed (nothing to do: one load). */
   if (pool->chunks != NULL) mp_retire_drain(pool, NULL);
   sums s = sum_threads(pool);
   size_t scached = 0, spending = 0;
@@ -65,18 +75,16 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   out->requested_bytes = (size_t)s.requested;
   out->reserved_bytes = mp_load_relaxed(&pool->reserved);
   out->cached_bytes = (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached;
-  /* Fenced runs (runs.h) are in neither held nor spending: pending once
-   * their batch is behind the stream, cached while it is open. */
-  size_t fenced = mp_runs_fenced_bytes(pool, false), retired = mp_runs_fenced_bytes(pool, true);
-  if (retired > fenced) retired = fenced; /* read at two instants */
-  out->pending_bytes = spending + retired;
+  size_t fopen, fretired;
+  fenced_split(pool, &fopen, &fretired);
+  out->pending_bytes = spending + fretired;
   /* Live bytes: everything out of the trees that is not cached or
    * pending.  Exact on a quiescent pool; while threads run, each term is
    * read at a slightly different instant, so clamp. */
   int64_t used = (int64_t)(s.held - s.cached) - (depot > 0 ? depot : 0) - (int64_t)scached -
                  (int64_t)spending;
   out->used_bytes = used > 0 ? (size_t)used : 0;
-  out->cached_bytes += fenced - retired;
+  out->cached_bytes += fopen;
   out->free_bytes = tree_free(pool, &s);
   out->largest_free_block = largest_free(pool);
   /* A chunked pool's tree is address space; what it can hand out without
@@ -124,9 +132,10 @@ int magpool_mem_info(magpool_t *pool, size_t *free_bytes, size_t *total_bytes) {
     size_t scached = 0, spending = 0;
     mp_streams_stats(pool, &scached, &spending);
     int64_t depot = depot_sum(pool);
-    size_t fenced = mp_runs_fenced_bytes(pool, false), retired = mp_runs_fenced_bytes(pool, true);
-    *free_bytes = tree_free(pool, &s) + (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached +
-                  (retired < fenced ? fenced - retired : 0); /* fenced and not retired: cached */
+    size_t fopen, fretired;
+    fenced_split(pool, &fopen, &fretired);
+    *free_bytes =
+        tree_free(pool, &s) + (size_t)s.cached + (size_t)(depot > 0 ? depot : 0) + scached + fopen;
   }
   if (total_bytes != NULL) *total_bytes = mp_load_relaxed(&pool->reserved);
   return 0;
@@ -179,12 +188,13 @@ static int check_chunked(magpool_t *pool) {
     /* A block that starts in an earlier busy chunk was scanned there. */
     if (scan_live(pool, r, from, to, &live_units, &live_cost) != 0) return MAGPOOL_EINVAL;
   }
-  sums s = sum_threads(pool);
-  if (s.held + mp_runs_fenced_bytes(pool, false) != mp_chunks_out_bytes(pool)) return MAGPOOL_EINVAL; /* C4 */
   magpool_stats_t st;
-  magpool_get_stats(pool, &st);
+  magpool_get_stats(pool, &st); /* first: it drains passed fences */
+  sums s = sum_threads(pool);
+  uint64_t out = s.held + mp_runs_fenced_bytes(pool, false); /* fenced runs stay busy */
+  if (out != mp_chunks_out_bytes(pool)) return MAGPOOL_EINVAL; /* C4 */
   if (live_cost != st.used_bytes) return MAGPOOL_EINVAL;
-  if (st.reserved_bytes - s.held - mp_runs_fenced_bytes(pool, false) != st.free_bytes) return MAGPOOL_EINVAL;
+  if (st.reserved_bytes - out != st.free_bytes) return MAGPOOL_EINVAL;
   return 0;
 }
 

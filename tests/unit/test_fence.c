@@ -450,14 +450,23 @@ static mp_park *park_of(magpool_t *pool, magpool_stream_t s) {
 /* A free holds the fence lock with its run noted in the open batch while
  * trim waits for the lock: the trim's batch then carries that run (one
  * batch, the open one empty after), and S still gets the run. */
+/* A 64 MiB pool with parking on, a host stream *S held by g, and a 4 MiB
+ * run allocated on it (not yet freed). */
+static magpool_t *parking_pool(magpool_stream_t *S, gate *g, void **x) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .thread_cache = MPT_ZERO});
+  *S = stream_new();
+  gate_hold(g, *S);
+  *x = magpool_alloc_async(pool, BIG, *S);
+  cr_assert_not_null(*x);
+  return pool;
+}
+
 Test(races, a_trim_waits_for_a_fence_put, .timeout = 60) {
   const size_t PS = 64 * MiB;
-  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
-  magpool_stream_t S = stream_new();
+  magpool_stream_t S;
   gate g;
-  gate_hold(&g, S);
-  void *x = magpool_alloc_async(pool, BIG, S);
-  cr_assert_not_null(x);
+  void *x;
+  magpool_t *pool = parking_pool(&S, &g, &x);
   mp_park *k = park_of(pool, S);
   uint64_t b0 = atomic_load(&pool->retire.batches);
   fjob fr = {pool, S, x, 0, 0, FLAG_INIT, FLAG_INIT}, tr = {pool, S, NULL, 0, 0, FLAG_INIT, FLAG_INIT};
@@ -479,12 +488,10 @@ Test(races, a_trim_waits_for_a_fence_put, .timeout = 60) {
  * trim's batch, once S passes, unfences only its own run. */
 Test(races, a_fence_put_after_a_close_opens_a_new_batch, .timeout = 60) {
   const size_t PS = 64 * MiB;
-  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
-  magpool_stream_t S = stream_new();
+  magpool_stream_t S;
   gate g;
-  gate_hold(&g, S);
-  void *x = magpool_alloc_async(pool, BIG, S);
-  cr_assert_not_null(x);
+  void *x;
+  magpool_t *pool = parking_pool(&S, &g, &x);
   void *z = fence_one(pool, S);
   mp_park *k = park_of(pool, S);
   uint32_t t1 = pool->chunks->runs.tag[rchunk(pool, z)];
