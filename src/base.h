@@ -118,6 +118,8 @@ enum {
                             lock and has not yet looked                  */
   MP_HOOK_PARK_IDLE,     /* arg: the mp_park; a free asks its stream
                             whether it has passed the free             */
+  MP_HOOK_PARK_PASSED,   /* arg: the mp_park; the stream was asked, the
+                            runs fenced before have not been settled   */
   MP_HOOK_PARK_FLUSH,    /* arg: the mp_park; a flush (trim, the ladder,
                             release, a thread's flush) holds its lock and
                             has not yet taken anything                   */

@@ -58,9 +58,6 @@
  * take touched in the last MP_PARK_AGE operations on the park. */
 #define MP_PARK_AGE 256u
 #define MP_PARK_AGE_STEP 64u
-/* Run frees that do not ask the stream after it said "not passed", at
- * most (passed_hint). */
-#define MP_PARK_IDLE_BACK 64u
 
 /* The park's locks (lock, flock): test-and-test-and-set words. */
 static void word_lock(mp_park *k, _Atomic int *w) {
@@ -220,30 +217,6 @@ static void make_room_locked(magpool_t *pool, mp_park *k, unsigned order, int64_
   }
 }
 
-/* Has s passed a free made now?  1 yes, 0 no, -1 not asked.  The stream
- * is asked (the `idle` op: 0.5 us on a CUDA stream) unless its last
- * answers were no: after each no, the next 1, 2, 4 ... MP_PARK_IDLE_BACK
- * frees do not ask, so that a stream that runs behind its host (a
- * training loop's) costs a query per 64 run frees, not per free; a yes
- * starts over.  The counters are relaxed hints, read and written outside
- * the lock by any thread freeing on s: a lost update asks once more or
- * once less, and "not asked" only parks a run that could have gone to
- * the trees. */
-static int passed_hint(magpool_t *pool, mp_park *k, magpool_stream_t s) {
-  uint32_t skip = mp_load_relaxed(&k->idle_skip);
-  if (skip != 0) {
-    mp_store_relaxed(&k->idle_skip, skip - 1);
-    return -1;
-  }
-  MP_HOOK(MP_HOOK_PARK_IDLE, k);
-  int passed = pool->sops->idle(pool->src_ctx, s) == 1;
-  uint32_t back = mp_load_relaxed(&k->idle_back);
-  back = passed ? 0 : back == 0 ? 1 : back < MP_PARK_IDLE_BACK ? 2 * back : MP_PARK_IDLE_BACK;
-  mp_store_relaxed(&k->idle_back, back);
-  mp_store_relaxed(&k->idle_skip, back);
-  return passed;
-}
-
 /* ------------------------------------------------------------ fenced runs */
 
 /* The open fence batch, detached. */
@@ -300,6 +273,68 @@ out:
   return rc;
 }
 
+/* Has s passed a run freed on it now?  1 yes, 0 no, -1 not asked.  The
+ * stream is asked (the `idle` op: 0.5 us on a CUDA stream) only now and
+ * then; a run not asked about is fenced for s (fence_put):
+ *   - after each "no", the next 1, 2, 4 ... MP_PARK_IDLE_BACK run frees do
+ *     not ask, so that a stream that runs behind its host (a training
+ *     loop's) costs a query per 64 run frees, not per free;
+ *   - after a "yes" that follows a "yes", while s made the pool's last
+ *     MP_PARK_SOLO run takes (`runs.taker`, `runs.takes`: no other stream,
+ *     no synchronous call is looking for runs), the next 1, 2, 4 ...
+ *     MP_PARK_YES_BACK run frees do not ask either, so that a stream that
+ *     keeps up (an idle one, a replay's) costs a query per 8 run frees.
+ *     Once another takes runs, the next free asks at once: fenced runs
+ *     are s's alone.
+ * An ask after a "yes" first detaches the open fence batch: the runs
+ * fenced since.  Their frees came before the query, so a "yes" passed
+ * them too, and they are unfenced at once, with no callback; on a "no"
+ * they go behind s in one batch, as a closed batch does.  Detached before
+ * the query (MP_HOOK_PARK_IDLE, MP_HOOK_PARK_PASSED), the batch holds no
+ * run freed after it: a free that fences meanwhile opens a new batch.
+ * The counters (idle_skip; idle_back: the skip length, MP_PARK_YES while
+ * the last answer was yes) are relaxed hints, read and written outside
+ * the locks by any thread freeing on s: a lost update asks once more or
+ * once less, and "not asked" only fences a run that could have gone to
+ * the free runs unfenced. */
+static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
+  mp_park *k = &e->park;
+  uint32_t skip = mp_load_relaxed(&k->idle_skip);
+  uint32_t st = mp_load_relaxed(&k->idle_back), back = st & ~MP_PARK_YES;
+  bool yes_before = (st & MP_PARK_YES) != 0;
+  bool solo = pool->chunks != NULL && mp_load_relaxed(&pool->chunks->runs.taker) == e->key &&
+              mp_load_relaxed(&pool->chunks->runs.takes) >= MP_PARK_SOLO;
+  if (skip != 0 && (solo || !yes_before)) {
+    mp_store_relaxed(&k->idle_skip, skip - 1);
+    return -1;
+  }
+  fbatch old = {NULL, 0, 0, 0};
+  if (yes_before) {
+    word_lock(k, &k->flock);
+    if (!k->fclosed && k->fn != 0) old = fence_detach(k);
+    word_unlock(&k->flock);
+  }
+  MP_HOOK(MP_HOOK_PARK_IDLE, k);
+  int passed = pool->sops->idle(pool->src_ctx, s) == 1;
+  MP_HOOK(MP_HOOK_PARK_PASSED, k);
+  if (passed) {
+    if (old.n != 0) mp_runs_unfence(pool, old.fr, old.n, old.tag);
+    free(old.fr);
+    back = !yes_before || !solo ? 0
+           : back == 0            ? 1
+           : back < MP_PARK_YES_BACK ? 2 * back
+                                     : MP_PARK_YES_BACK;
+    st = MP_PARK_YES | back;
+  } else {
+    fence_retire(pool, e, s, old);
+    back = yes_before || back == 0 ? 1 : back < MP_PARK_IDLE_BACK ? 2 * back : MP_PARK_IDLE_BACK;
+    st = back;
+  }
+  mp_store_relaxed(&k->idle_back, st);
+  mp_store_relaxed(&k->idle_skip, back);
+  return passed;
+}
+
 bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order,
                  int *passed) {
   if (pool->cfg.stream_cache_bytes == 0) return false;
@@ -312,7 +347,7 @@ bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, uns
    * fenced for s (fence_put), where s's requests of any size may use its
    * chunks; a parked one would serve only its order. */
   if ((partial(pool, order) || b > mp_park_budget(pool, order)) && pool->sops->idle != NULL &&
-      (*passed = passed_hint(pool, k, s)) == 1)
+      (*passed = passed_hint(pool, e, s)) == 1)
     return false;
   if (partial(pool, order)) {
     int f = fence_put(pool, e, s, p, order);

@@ -6,6 +6,15 @@
 #include "internal.h"
 
 /* ------------------------------------------------------------------ park.c */
+/* Run frees that do not ask the stream (passed_hint, park.c) after it
+ * said "not passed", at most; after it said "passed" twice running, at
+ * most, and only while the last MP_PARK_SOLO run takes of the pool were
+ * the stream's; idle_back's flag: the last answer was "passed". */
+#define MP_PARK_IDLE_BACK 64u
+#define MP_PARK_YES_BACK 8u
+#define MP_PARK_SOLO 64u
+#define MP_PARK_YES 0x80000000u
+
 /* The stream entry's park (mp_park, types.h): blocks freed on the entry's
  * stream that allocations on it from any thread reuse at once.  Every
  * function takes the park's lock (rank 0, innermost) for a few loads and

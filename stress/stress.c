@@ -2,7 +2,12 @@
  *
  *   magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]
  *                  [--pool-mb M] [--exit-every N] [--churn]
- *                  [--destroy-rounds R] [--grow-from G]
+ *                  [--destroy-rounds R] [--grow-from G] [--large-async]
+ *
+ * --large-async: every large request (1 to 4 MiB) of a thread with a
+ * stream is allocated on its stream, none synchronously, so that with
+ * --streams 1 one stream makes every run take of the pool and its run
+ * frees skip the question to the stream (park.c, streams that keep up).
  *
  * --grow-from G: the pool starts at G MiB and grows up to M (max_pool_size),
  * so chunks are mapped by growth (in groups) and unmapped by moves; the end
@@ -254,6 +259,7 @@ static struct {
   size_t grow_from_mb; /* 0: a fixed pool of pool_mb */
   uint64_t exit_every;
   bool churn;
+  bool large_async; /* --large-async */
   unsigned destroy_rounds;
 } g_opt;
 
@@ -558,6 +564,11 @@ static void async_free(slot *sl, blk *b, int j) {
   size_t req = b->req;
   b->stream = j; /* read by the stamp task */
   int rc = magpool_host_stream_launch(s, stamp_task, b);
+  /* --large-async: half the large blocks' frees let the stream drain
+   * first (the stamp included), so that the free's question to it
+   * (park.c) may find it idle; the other half find their stamp queued. */
+  if (rc == 0 && g_opt.large_async && req >= ((size_t)1 << LARGE_MIN_LOG) && (rnd(sl) & 1))
+    magpool_host_stream_sync(s);
   if (rc != 0) {
     violation("magpool_host_stream_launch: %s", magpool_strerror(rc));
     magpool_host_stream_sync(s); /* earlier tasks done: b is host-owned */
@@ -611,12 +622,13 @@ static void op_alloc(slot *sl) {
   /* 1 in 32 allocations of a thread with streams is large (1 to 4 MiB,
    * past cache_max_block): freed on a stream, such blocks go through the
    * stream's park, which every thread on that stream takes from. */
-  if (j >= 0 && ((r >> 40) & 31) == 0) req = ((size_t)1 << LARGE_MIN_LOG) + (size_t)((r >> 45) % (3u << LARGE_MIN_LOG));
-  bool async = j >= 0 && (r & 1);
+  bool large = j >= 0 && ((r >> 40) & 31) == 0;
+  if (large) req = ((size_t)1 << LARGE_MIN_LOG) + (size_t)((r >> 45) % (3u << LARGE_MIN_LOG));
+  bool async = j >= 0 && ((r & 1) || (large && g_opt.large_async));
   /* 1 in 16 async allocations pass the NULL stream: "no stream" on a
    * HOST pool, the same as magpool_alloc. */
   magpool_stream_t s = NULL;
-  if (async && ((r >> 1) & 15) != 0)
+  if (async && (((r >> 1) & 15) != 0 || (large && g_opt.large_async)))
     s = g_streams[j];
   void *p = async ? magpool_alloc_async(g_pool, req, s) : magpool_alloc(g_pool, req);
   sl->c.ops++;
@@ -1111,14 +1123,15 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]\n"
           "                      [--pool-mb M] [--exit-every N] [--churn]\n"
-          "                      [--destroy-rounds R] [--grow-from G]\n"
+          "                      [--destroy-rounds R] [--grow-from G] [--large-async]\n"
           "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n"
           "--churn (needs K > 0): K more streams, handed from worker to worker,\n"
           "released, destroyed and created anew while the workers run\n"
           "--destroy-rounds R (default 0): R times, a fresh pool destroyed while\n"
           "the threads that used it exit, next to the workers\n"
           "--grow-from G (default 0: off): a pool of G MiB growing up to M MiB\n"
-          "(chunks mapped by growth, in groups, and unmapped by moves)\n",
+          "(chunks mapped by growth, in groups, and unmapped by moves)\n"
+          "--large-async: large requests (1 to 4 MiB) always on the stream\n",
           DEFAULT_THREADS, DEFAULT_SECONDS, DEFAULT_SEED, DEFAULT_POOL_MB,
           DEFAULT_EXIT_EVERY);
 }
@@ -1153,6 +1166,9 @@ static void parse_args(int argc, char **argv) {
     } else if (strcmp(a, "--churn") == 0) {
       g_opt.churn = true;
       continue; /* a flag: no value */
+    } else if (strcmp(a, "--large-async") == 0) {
+      g_opt.large_async = true;
+      continue;
     } else if (strcmp(a, "--threads") == 0) {
       ok = parse_u64(v, 1, 1024, &x);
       g_opt.threads = (unsigned)x;

@@ -22,13 +22,26 @@
  *        chunks fails (the cap): mp_runs_putback fences them again (seen
  *        at the ladder's first rung, MP_HOOK_LADDER_RUNG); the request
  *        ends in ENOMEM once S has passed, with nothing lost
+ *   races::a_trim_waits_for_a_fence_put,
+ *   races::a_fence_put_after_a_close_opens_a_new_batch   the park's open
+ *        fence batch against a trim that closes it (MP_HOOK_FENCE_PUT,
+ *        MP_HOOK_FENCE_CLOSE)
+ *   fence::a_stream_that_keeps_up_is_asked_less_and_less   on an idle S
+ *        that makes every run take, run frees ask S after 1, 2, 4, 8, 8 ...
+ *        frees; the runs fenced between are unfenced by the next "yes",
+ *        with no callback
+ *   races::a_yes_settles_only_runs_fenced_before_it   a free stopped after
+ *        S said "passed" (MP_HOOK_PARK_PASSED) while S is blocked and
+ *        another free fences its run: the "yes" unfences the run fenced
+ *        before the question, not that one
  *
  * Host streams held by gates; parking off (stream_cache_bytes 0), so
- * every async free is retired at once.  Every test ends with
+ * every async free is retired at once, but in the last four tests.  Every test ends with
  * magpool_check (the runs' fence invariants included).
  * Internal headers: links the static archive.
  */
 #define _GNU_SOURCE
+#include "park.h"
 #include "runs.h"
 
 #include <criterion/criterion.h>
@@ -515,5 +528,126 @@ Test(races, a_fence_put_after_a_close_opens_a_new_batch, .timeout = 60) {
   cr_assert_eq(magpool_trim(pool), 0); /* S idle: x unfenced at once */
   st = mpt_stats(pool);
   cr_assert(st.pending_bytes == 0 && st.cached_bytes == 0);
+  finish(pool, PS, &S, 1);
+}
+
+/* ------------------------------------------- streams that keep up (park.c) */
+
+/* Counts the park's questions to its stream (MP_HOOK_PARK_IDLE); stops
+ * the thread marked `qstopper` once, after its stream answered
+ * (MP_HOOK_PARK_PASSED). */
+static _Atomic int asked;
+static _Thread_local int qstopper;
+static flag qstopped = FLAG_INIT, qgo = FLAG_INIT;
+
+static void ask_hook(int point, void *arg) {
+  (void)arg;
+  if (point == MP_HOOK_PARK_IDLE) atomic_fetch_add(&asked, 1);
+  if (point == MP_HOOK_PARK_PASSED && qstopper) {
+    qstopper = 0;
+    flag_set(&qstopped);
+    flag_wait(&qgo);
+  }
+}
+
+/* Did freeing x on s ask s? */
+static bool free_asks(magpool_t *pool, void *x, magpool_stream_t s) {
+  int before = atomic_load(&asked);
+  cr_assert_eq(magpool_free_async(pool, x, s), 0);
+  return atomic_load(&asked) != before;
+}
+
+/* S idle (every question answers "passed") and the only stream taking
+ * runs.  The first MP_PARK_SOLO - 1 frees ask; from the one after S's
+ * MP_PARK_SOLO-th take, frees skip the question 1, 2, 4, then 8 times
+ * between two that ask (MP_PARK_YES_BACK).  A skipped free fences its
+ * run (cached, S's); the next that asks unfences it, with no batch. */
+Test(fence, a_stream_that_keeps_up_is_asked_less_and_less, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  /* A run budget (64 MiB) that eight fences of a 4 MiB run stay under. */
+  magpool_t *pool = mpt_pool(
+      &(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO, .stream_cache = 64 * MiB});
+  cr_assert_not_null(pool->chunks);
+  magpool_stream_t S = stream_new();
+  uint64_t b0 = atomic_load(&pool->retire.batches);
+  atomic_store(&asked, 0);
+  mp_hook_set(ask_hook);
+  unsigned next = MP_PARK_SOLO - 1, skip = 0, skipped = 0;
+  for (unsigned i = 0; i < MP_PARK_SOLO + 60; i++) {
+    void *x = magpool_alloc_async(pool, BIG, S);
+    cr_assert_not_null(x);
+    bool a = free_asks(pool, x, S);
+    magpool_stats_t st = mpt_stats(pool);
+    bool expect = i < MP_PARK_SOLO - 1 || i == next;
+    cr_assert_eq(a, expect, "free %u: asked %d, expected %d", i, a, expect);
+    if (a) {
+      cr_assert_eq(st.cached_bytes + st.pending_bytes, 0, "free %u: a yes left a run fenced", i);
+      if (i < MP_PARK_SOLO - 1) continue;
+      skip = skip == 0 ? 1 : skip < MP_PARK_YES_BACK ? 2 * skip : MP_PARK_YES_BACK;
+      next = i + skip + 1;
+    } else {
+      cr_assert_eq(st.cached_bytes, BIG, "free %u: the run not asked about is not fenced", i);
+      cr_assert(fenced(pool, rchunk(pool, x)));
+      skipped++;
+    }
+  }
+  mp_hook_set(NULL);
+  cr_assert_geq(skipped, 40, "only %u of 60 frees skipped the question", skipped);
+  cr_assert_eq(atomic_load(&pool->retire.batches), b0, "an idle stream's frees made batches");
+  cr_assert_eq(magpool_check(pool), 0);
+  finish(pool, PS, &S, 1);
+}
+
+static void *free_and_stop(void *arg) {
+  fjob *j = arg;
+  qstopper = 1;
+  cr_assert_eq(magpool_free_async(j->pool, j->x, j->s), 0);
+  return NULL;
+}
+
+/* S keeps up and x's free skipped the question (x fenced, in the open
+ * batch).  Thread A frees z: it detaches the batch, asks, S says
+ * "passed", and A stops there.  S is then blocked and w freed on it: w's
+ * free asks ("no") and fences w in a new batch.  A's "yes" must unfence
+ * x only: w was freed after the question, behind the blocked task. */
+Test(races, a_yes_settles_only_runs_fenced_before_it, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  for (unsigned i = 0; i < MP_PARK_SOLO; i++) { /* S makes the last takes */
+    void *y = magpool_alloc_async(pool, BIG, S);
+    cr_assert_not_null(y);
+    cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  }
+  void *x = magpool_alloc_async(pool, BIG, S), *z = magpool_alloc_async(pool, BIG, S),
+       *w = magpool_alloc_async(pool, BIG, S);
+  cr_assert(x != NULL && z != NULL && w != NULL);
+  mp_park *k = park_of(pool, S);
+  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
+  atomic_store(&k->idle_skip, 1u);
+  atomic_store(&asked, 0);
+  mp_hook_set(ask_hook);
+  cr_assert_not(free_asks(pool, x, S), "x's free asked");
+  cr_assert(fenced(pool, rchunk(pool, x)), "x, not asked about, is not fenced");
+  fjob a = {pool, S, z, 0, 0, FLAG_INIT, FLAG_INIT};
+  pthread_t ta;
+  cr_assert_eq(pthread_create(&ta, NULL, free_and_stop, &a), 0);
+  flag_wait(&qstopped);
+  cr_assert_eq(atomic_load(&asked), 1);
+  cr_assert_eq(k->fn, 0, "the batch with x was not detached before the question");
+  gate g;
+  gate_hold(&g, S);
+  cr_assert(free_asks(pool, w, S), "w's free did not ask");
+  cr_assert(fenced(pool, rchunk(pool, w)), "w, freed on blocked S, is not fenced");
+  flag_set(&qgo);
+  pthread_join(ta, NULL);
+  mp_hook_set(NULL);
+  cr_assert_not(fenced(pool, rchunk(pool, x)), "S's yes did not unfence x");
+  cr_assert(fenced(pool, rchunk(pool, w)), "S's yes unfenced w, freed after the question");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes + st.pending_bytes, BIG, "fenced: %zu + %zu", st.cached_bytes,
+               st.pending_bytes);
+  cr_assert_eq(magpool_check(pool), 0);
+  gate_release(&g, S);
   finish(pool, PS, &S, 1);
 }
