@@ -242,9 +242,12 @@ static void fence_retire(magpool_t *pool, mp_sentry *e, magpool_stream_t s, fbat
 /* Run p, freed on s, which has not passed the free (or was not asked):
  * back to the free runs at once, fenced for s with the open batch's tag
  * (runs.h), its range noted in the batch; the batch goes behind s once
- * it holds more than the park's budget of runs.  1 fenced, 0 not a run
- * (park it), -1 the park is closed (the caller retires p). */
-static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order) {
+ * it holds more than the park's budget of runs, unless `keep` (s keeps
+ * up: the next question, a few frees on, settles the batch; passed_hint).
+ * 1 fenced, 0 not a run (park it), -1 the park is closed (the caller
+ * retires p). */
+static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order,
+                     bool keep) {
   mp_park *k = &e->park;
   mp_acct a = {0, 0, 0};
   fbatch old = {NULL, 0, 0, 0};
@@ -259,18 +262,51 @@ static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p,
     k->fcap = cap;
   }
   if (k->fn == 0) k->ftag = mp_runs_tag(pool);
-  if (!mp_region_fence(pool, &a, p, order, k->ftag, e->key, false, &k->fr[2 * k->fn])) goto out;
-  int64_t now = mp_load_relaxed(&k->fbytes) + ((int64_t)k->fr[2 * k->fn + 1] << pool->chunks->shift);
-  k->fn++;
-  mp_store_relaxed(&k->fbytes, now);
-  if (now > mp_park_budget(pool, order)) old = fence_detach(k);
+  uint32_t *r = &k->fr[2 * k->fn];
+  if (!mp_region_fence(pool, &a, p, order, k->ftag, e->key, false, r)) goto out;
   rc = 1;
+  /* A run s took back from this batch and freed again: its range is
+   * noted already, its chunks carry the tag again, and its bytes count
+   * once (the budget is of runs held fenced, not of frees). */
+  bool noted = false;
+  for (uint32_t i = 0; i < k->fn && !noted; i++)
+    noted = k->fr[2 * i] == r[0] && k->fr[2 * i + 1] == r[1];
+  if (!noted) {
+    int64_t now = mp_load_relaxed(&k->fbytes) + ((int64_t)r[1] << pool->chunks->shift);
+    k->fn++;
+    mp_store_relaxed(&k->fbytes, now);
+    if (now > mp_park_budget(pool, order) && !keep) old = fence_detach(k);
+  }
   MP_HOOK(MP_HOOK_FENCE_PUT, k);
 out:
   word_unlock(&k->flock);
   mp_acct_settle(pool, &a);
   fence_retire(pool, e, s, old);
   return rc;
+}
+
+/* Asks s whether it has passed everything queued on it (1 yes, else 0).
+ * With `settle`, first detaches the open fence batch: on a yes its runs
+ * are unfenced at once (their frees came before the question), on a no
+ * they go behind s in one batch.  Not on a capturing stream. */
+static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
+  mp_park *k = &e->park;
+  fbatch old = {NULL, 0, 0, 0};
+  if (settle) {
+    word_lock(k, &k->flock);
+    if (!k->fclosed && k->fn != 0) old = fence_detach(k);
+    word_unlock(&k->flock);
+  }
+  MP_HOOK(MP_HOOK_PARK_IDLE, k);
+  int passed = pool->sops->idle(pool->src_ctx, s) == 1;
+  MP_HOOK(MP_HOOK_PARK_PASSED, k);
+  if (!passed) {
+    fence_retire(pool, e, s, old);
+  } else {
+    if (old.n != 0) mp_runs_unfence(pool, old.fr, old.n, old.tag);
+    free(old.fr);
+  }
+  return passed;
 }
 
 /* Has s passed a run freed on it now?  1 yes, 0 no, -1 not asked.  The
@@ -308,25 +344,14 @@ static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
     mp_store_relaxed(&k->idle_skip, skip - 1);
     return -1;
   }
-  fbatch old = {NULL, 0, 0, 0};
-  if (yes_before) {
-    word_lock(k, &k->flock);
-    if (!k->fclosed && k->fn != 0) old = fence_detach(k);
-    word_unlock(&k->flock);
-  }
-  MP_HOOK(MP_HOOK_PARK_IDLE, k);
-  int passed = pool->sops->idle(pool->src_ctx, s) == 1;
-  MP_HOOK(MP_HOOK_PARK_PASSED, k);
+  int passed = ask(pool, e, s, yes_before);
   if (passed) {
-    if (old.n != 0) mp_runs_unfence(pool, old.fr, old.n, old.tag);
-    free(old.fr);
     back = !yes_before || !solo ? 0
            : back == 0            ? 1
            : back < MP_PARK_YES_BACK ? 2 * back
                                      : MP_PARK_YES_BACK;
     st = MP_PARK_YES | back;
   } else {
-    fence_retire(pool, e, s, old);
     back = yes_before || back == 0 ? 1 : back < MP_PARK_IDLE_BACK ? 2 * back : MP_PARK_IDLE_BACK;
     st = back;
   }
@@ -350,7 +375,9 @@ bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, uns
       (*passed = passed_hint(pool, e, s)) == 1)
     return false;
   if (partial(pool, order)) {
-    int f = fence_put(pool, e, s, p, order);
+    /* Not asked in a streak of "passed": the next question settles it. */
+    bool keep = *passed < 0 && (mp_load_relaxed(&k->idle_back) & MP_PARK_YES) != 0;
+    int f = fence_put(pool, e, s, p, order, keep);
     if (f != 0) return f > 0;
   }
   mp_mag *old = NULL;
@@ -457,8 +484,15 @@ void mp_park_retire_all(magpool_t *pool, mp_sentry *e, magpool_stream_t h, bool 
 }
 
 void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
-  if (mp_load_relaxed(&e->park.bytes) == 0 || pool->sops->capturing(pool->src_ctx, s) != 0)
+  mp_park *k = &e->park;
+  bool fenced = (mp_load_relaxed(&k->idle_back) & MP_PARK_YES) != 0 &&
+                mp_load_relaxed(&k->fbytes) != 0 && pool->sops->idle != NULL;
+  if ((mp_load_relaxed(&k->bytes) == 0 && !fenced) || pool->sops->capturing(pool->src_ctx, s) != 0)
     return;
+  /* s keeps up (passed_hint): the runs its frees fenced without asking
+   * are asked about now, before the pool maps more for them. */
+  if (fenced) (void)ask(pool, e, s, true);
+  if (mp_load_relaxed(&k->bytes) == 0) return;
   /* The park only: s may use its fenced runs (runs.h) whatever happens. */
   mp_mag *chain = mp_park_take_all(pool, e, false, NULL);
   if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, s, chain, -1);

@@ -34,9 +34,10 @@
  *        S said "passed" (MP_HOOK_PARK_PASSED) while S is blocked and
  *        another free fences its run: the "yes" unfences the run fenced
  *        before the question, not that one
- *
+ *   fence::a_new_peak_asks_a_stream_that_keeps_up   such a run is asked
+ *        about (and unfenced) before the pool maps chunks for S
  * Host streams held by gates; parking off (stream_cache_bytes 0), so
- * every async free is retired at once, but in the last four tests.  Every test ends with
+ * every async free is retired at once, but in the last five tests.  Every test ends with
  * magpool_check (the runs' fence invariants included).
  * Internal headers: links the static archive.
  */
@@ -649,5 +650,44 @@ Test(races, a_yes_settles_only_runs_fenced_before_it, .timeout = 60) {
                st.pending_bytes);
   cr_assert_eq(magpool_check(pool), 0);
   gate_release(&g, S);
+  finish(pool, PS, &S, 1);
+}
+
+/* S keeps up and x's free skipped the question (x fenced, in the open
+ * batch).  S's next request would raise the pool's high-water mark: S is
+ * asked first (mp_park_settle), says "passed", and x is unfenced with no
+ * batch before the pool maps chunks for the request. */
+Test(fence, a_new_peak_asks_a_stream_that_keeps_up, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = true, .max = 4 * PS,
+                                        .thread_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  for (unsigned i = 0; i < MP_PARK_SOLO; i++) { /* S makes the last takes */
+    void *y = magpool_alloc_async(pool, BIG, S);
+    cr_assert_not_null(y);
+    cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  }
+  void *x = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(x);
+  mp_park *k = park_of(pool, S);
+  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
+  atomic_store(&k->idle_skip, 1u);
+  uint64_t b0 = atomic_load(&pool->retire.batches);
+  atomic_store(&asked, 0);
+  mp_hook_set(ask_hook);
+  cr_assert_not(free_asks(pool, x, S), "x's free asked");
+  cr_assert(fenced(pool, rchunk(pool, x)), "x, not asked about, is not fenced");
+  void *big = magpool_alloc_async(pool, PS, S); /* more than the pool ever held */
+  mp_hook_set(NULL);
+  cr_assert_not_null(big);
+  cr_assert_eq(atomic_load(&asked), 1, "the new peak did not ask S");
+  cr_assert_not(fenced(pool, rchunk(pool, x)), "S said passed, and x is still fenced");
+  cr_assert_eq(atomic_load(&pool->retire.batches), b0, "x went behind S in a batch");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes + st.pending_bytes, 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_async(pool, big, S), 0);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  cr_assert_eq(magpool_trim(pool), 0); /* back to pool_size */
   finish(pool, PS, &S, 1);
 }
