@@ -37,6 +37,8 @@
 #                 --churn --destroy-rounds 20 under TSan
 #   tsan-stress-growth  magpool-stress --grow-from 16 --pool-mb 64 (chunk
 #                 groups and moves) under TSan
+#   tsan-stress-keepup  magpool-stress --streams 1 --large-async (one stream
+#                 makes every run take: its run frees skip questions) under TSan
 #   asan-build    build-asan/, ASan + UBSan, CUDA off, everything
 #   asan-ctest    every test (Criterion, stress, bench smoke) under
 #                 ASan + UBSan
@@ -277,6 +279,9 @@ if [[ $quick -eq 0 ]]; then
   # A growing pool: chunks mapped in groups by growth, unmapped by moves.
   step tsan-stress-growth "magpool-stress on a pool growing from 16 to 64 MiB, tsan" \
     stress_run tsan --threads 4 --seconds 15 --seed 2 --streams 4 --grow-from 16 --pool-mb 64
+  # One stream that keeps up: runs fenced without asking, settled by a yes.
+  step tsan-stress-keepup "magpool-stress, one stream making every run take, tsan" \
+    stress_run tsan --threads 2 --seconds 10 --seed 3 --streams 1 --large-async --grow-from 16 --pool-mb 64
   step asan-build "build everything with ASan + UBSan (CUDA off)" asan_build
   step asan-ctest "run every test under ASan + UBSan" run_ctest "$b-asan"
   step fuzz "build the libFuzzer harness with clang and fuzz for ${FUZZ_SECONDS:-60} s" fuzz_step
