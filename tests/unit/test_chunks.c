@@ -20,6 +20,8 @@
  *        unmap backs off, and the take gets mapped memory
  *   chunks::growth_maps_groups          growth maps MP_CHUNK_GROUP-aligned
  *        groups, unmapped only whole; a move maps a chunk each
+ *   chunks::a_move_maps_one_chunk_handles_only_for_what_it_moved   a take
+ *        that moves and grows maps a chunk each only as many as it moved
  *   races::group_take_counted_before_unmap   as the first race, but the
  *        take counts one chunk of a group and trim looks at another: the
  *        whole group stays mapped
@@ -327,6 +329,35 @@ Test(chunks, growth_maps_groups) {
   cr_assert_eq(mpt_stats(pool).reserved_bytes, 8 * MiB);
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, r), 0);
+  mpt_pool_done(pool);
+}
+
+/* A take over the budget that both moves chunks and grows maps as many
+ * chunks one each as it moved, and the rest in groups: a run of 16
+ * chunks freed next to a live one of 8, then a run of 20 that fits only
+ * past them (budget: 24 busy + 8 slack). */
+Test(chunks, a_move_maps_one_chunk_handles_only_for_what_it_moved) {
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  mp_chunks *c = pool->chunks;
+  void *a = magpool_alloc(pool, 16 * CHUNK), *b = magpool_alloc(pool, 8 * CHUNK);
+  cr_assert(a != NULL && b != NULL);
+  cr_assert_eq(magpool_free(pool, a), 0);
+  uint64_t moves = mpt_stats(pool).chunk_moves;
+  void *r = magpool_alloc(pool, 20 * CHUNK);
+  cr_assert_not_null(r);
+  uint64_t moved = mpt_stats(pool).chunk_moves - moves, single = 0, grouped = 0;
+  for (uint64_t k = chunk_index(pool, r), n = 0; n < 20; k++, n++) {
+    if (c->gfirst[k] == k && c->glen[k] == 1) single++;
+    else grouped++;
+  }
+  cr_assert_gt(moved, 0, "the run was placed where it needed no move: the test needs one");
+  cr_assert_lt(moved, 20, "the run needed no growth: the test needs some");
+  cr_assert_eq(single, moved, "%lu chunks mapped one each, %lu moved", (unsigned long)single,
+               (unsigned long)moved);
+  cr_assert_eq(grouped, 20 - moved);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, r), 0);
+  cr_assert_eq(magpool_free(pool, b), 0);
   mpt_pool_done(pool);
 }
 
