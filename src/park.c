@@ -221,13 +221,13 @@ static void make_room_locked(magpool_t *pool, mp_park *k, unsigned order, int64_
 
 /* The open fence batch, detached. */
 typedef struct fbatch {
-  uint32_t *fr, n, tag;
+  uint32_t *fr, n, tag, cap;
   int64_t bytes;
 } fbatch;
 
 /* Under flock. */
 static fbatch fence_detach(mp_park *k) {
-  fbatch f = {k->fr, k->fn, k->ftag, mp_load_relaxed(&k->fbytes)};
+  fbatch f = {k->fr, k->fn, k->ftag, k->fcap, mp_load_relaxed(&k->fbytes)};
   k->fr = NULL;
   k->fn = k->fcap = 0;
   mp_store_relaxed(&k->fbytes, 0);
@@ -250,7 +250,7 @@ static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p,
                      bool keep) {
   mp_park *k = &e->park;
   mp_acct a = {0, 0, 0};
-  fbatch old = {NULL, 0, 0, 0};
+  fbatch old = {NULL, 0, 0, 0, 0};
   int rc = -1;
   word_lock(k, &k->flock);
   if (k->fclosed) goto out;
@@ -291,7 +291,7 @@ out:
  * they go behind s in one batch.  Not on a capturing stream. */
 static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
   mp_park *k = &e->park;
-  fbatch old = {NULL, 0, 0, 0};
+  fbatch old = {NULL, 0, 0, 0, 0};
   if (settle) {
     word_lock(k, &k->flock);
     if (!k->fclosed && k->fn != 0) old = fence_detach(k);
@@ -301,6 +301,22 @@ static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
   int passed = pool->sops->idle(pool->src_ctx, s) == 1;
   MP_HOOK(MP_HOOK_PARK_PASSED, k);
   if (!passed) {
+    /* Not passed: the runs stay fenced in the open batch, as if never
+     * detached, unless a free opened a new batch meanwhile (then they go
+     * behind s on their own). */
+    if (old.n != 0) {
+      word_lock(k, &k->flock);
+      if (!k->fclosed && k->fn == 0) {
+        free(k->fr);
+        k->fr = old.fr;
+        k->fn = old.n;
+        k->fcap = old.cap;
+        k->ftag = old.tag;
+        mp_store_relaxed(&k->fbytes, old.bytes);
+        old = (fbatch){NULL, 0, 0, 0, 0};
+      }
+      word_unlock(&k->flock);
+    }
     fence_retire(pool, e, s, old);
   } else {
     if (old.n != 0) mp_runs_unfence(pool, old.fr, old.n, old.tag);

@@ -36,8 +36,10 @@
  *        before the question, not that one
  *   fence::a_new_peak_asks_a_stream_that_keeps_up   such a run is asked
  *        about (and unfenced) before the pool maps chunks for S
+ *   fence::a_no_after_a_streak_keeps_the_open_batch   a "not passed" after
+ *        such a run leaves it in the open batch, S's, with no callback
  * Host streams held by gates; parking off (stream_cache_bytes 0), so
- * every async free is retired at once, but in the last five tests.  Every test ends with
+ * every async free is retired at once, but in the last six tests.  Every test ends with
  * magpool_check (the runs' fence invariants included).
  * Internal headers: links the static archive.
  */
@@ -689,5 +691,46 @@ Test(fence, a_new_peak_asks_a_stream_that_keeps_up, .timeout = 60) {
   cr_assert_eq(magpool_free_async(pool, big, S), 0);
   cr_assert_eq(magpool_host_stream_sync(S), 0);
   cr_assert_eq(magpool_trim(pool), 0); /* back to pool_size */
+  finish(pool, PS, &S, 1);
+}
+
+/* S keeps up and x's free skipped the question (x fenced, in the open
+ * batch); then S is blocked, and z's free asks: "not passed".  x stays in
+ * the open batch (cached, no batch behind S), z joins it, and S's next
+ * request gets its runs back. */
+Test(fence, a_no_after_a_streak_keeps_the_open_batch, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  for (unsigned i = 0; i < MP_PARK_SOLO; i++) { /* S makes the last takes */
+    void *y = magpool_alloc_async(pool, BIG, S);
+    cr_assert_not_null(y);
+    cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  }
+  void *x = magpool_alloc_async(pool, BIG, S), *z = magpool_alloc_async(pool, BIG, S);
+  cr_assert(x != NULL && z != NULL);
+  mp_park *k = park_of(pool, S);
+  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
+  atomic_store(&k->idle_skip, 1u);
+  uint64_t b0 = atomic_load(&pool->retire.batches);
+  atomic_store(&asked, 0);
+  mp_hook_set(ask_hook);
+  cr_assert_not(free_asks(pool, x, S), "x's free asked");
+  gate g;
+  gate_hold(&g, S);
+  cr_assert(free_asks(pool, z, S), "z's free did not ask");
+  mp_hook_set(NULL);
+  cr_assert_eq(atomic_load(&pool->retire.batches), b0, "the no sent x behind S in a batch");
+  cr_assert_eq(k->fn, 2, "x and z are not both in the open batch (%u ranges)", k->fn);
+  cr_assert(fenced(pool, rchunk(pool, x)) && fenced(pool, rchunk(pool, z)));
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert(st.cached_bytes == 2 * BIG && st.pending_bytes == 0, "cached %zu, pending %zu",
+            st.cached_bytes, st.pending_bytes);
+  void *y = magpool_alloc_async(pool, 2 * BIG, S);
+  cr_assert_not_null(y);
+  cr_assert_eq(mpt_stats(pool).chunk_maps, st.chunk_maps, "S's request mapped chunks");
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_release(&g, S);
   finish(pool, PS, &S, 1);
 }
