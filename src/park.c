@@ -288,7 +288,8 @@ out:
 /* Asks s whether it has passed everything queued on it (1 yes, else 0).
  * With `settle`, first detaches the open fence batch: on a yes its runs
  * are unfenced at once (their frees came before the question), on a no
- * they go behind s in one batch.  Not on a capturing stream. */
+ * they go back into the open batch (behind s in one batch if a free
+ * opened a new one meanwhile).  Not on a capturing stream. */
 static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
   mp_park *k = &e->park;
   fbatch old = {NULL, 0, 0, 0, 0};
@@ -341,7 +342,7 @@ static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
  * An ask after a "yes" first detaches the open fence batch: the runs
  * fenced since.  Their frees came before the query, so a "yes" passed
  * them too, and they are unfenced at once, with no callback; on a "no"
- * they go behind s in one batch, as a closed batch does.  Detached before
+ * they stay fenced in the open batch, as if never detached.  Detached before
  * the query (MP_HOOK_PARK_IDLE, MP_HOOK_PARK_PASSED), the batch holds no
  * run freed after it: a free that fences meanwhile opens a new batch.
  * The counters (idle_skip; idle_back: the skip length, MP_PARK_YES while

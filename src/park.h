@@ -38,7 +38,8 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size, b
  * now and then the orders idle for long (park.c): in one batch (one
  * stream callback); p stays parked (alone if it is over the budget).  A
  * run (a chunk or more) or a block over the budget is parked only if s
- * has not passed its free (mp_stream_ops.idle).  false if p was not
+ * has not passed its free (mp_stream_ops.idle), or was not asked (s is
+ * asked now and then: park.c, passed_hint).  false if p was not
  * parked (s passed it, parking off, the entry released, no magazine): the
  * caller retires p, passing on *passed (what the park learned of s: -1
  * not asked, 0 not passed, 1 passed).  Any thread freeing on s. */
@@ -67,7 +68,8 @@ bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size);
 /* Before new memory for an allocation on s (e's stream): e's park goes
  * behind s (to the trees at once if s has passed it: mp_retire_chain),
  * so that what the allocation cannot use of it is not held for s alone
- * while the pool grows.  Never waits.  Nothing if s is capturing.  The
+ * while the pool grows; runs fenced without asking while s keeps up
+ * (passed_hint) are asked about first.  Never waits.  Nothing if s is capturing.  The
  * caller holds a use of e. */
 void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s);
 /* The most bytes a park keeps of blocks of `order` (see park.c). */
