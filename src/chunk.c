@@ -115,19 +115,15 @@ static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
 /* Maps chunks [first, first + n), all unmapped: the first `singles` a
  * chunk each, the rest a group per MP_CHUNK_GROUP-aligned window they
  * cover.  Groups are for growth only: pool_size (keep) and as many
- * chunks as a move unmapped are mapped a chunk each, so that a move maps
- * as many one-chunk handles as it unmapped (a fixed pool keeps all of
- * pool_size, and never has a group), and what the take grows by beyond
- * that is grouped (a take that moved one chunk and grew by 40 mapped 41
- * one-chunk handles before: 46 us a chunk on the H200, 10 in groups).  On
+ * chunks as a move unmapped are one each (a fixed pool never has a
+ * group); the growth of the same take is grouped (docs/design.md).  On
  * failure the groups mapped before it stay mapped (and counted): empty
  * mapped chunks.  Lock held. */
 static int map_run(magpool_t *pool, uint64_t first, uint64_t n, uint64_t singles) {
   for (uint64_t a = first, end = first + n; a < end;) {
     uint64_t b = (a / MP_CHUNK_GROUP + 1) * MP_CHUNK_GROUP;
     if (b > end) b = end;
-    /* The first `singles` chunks a chunk each, then groups. */
-    bool grp = singles == 0;
+    bool grp = singles == 0; /* the first `singles` chunks one each */
     if (!grp && singles < b - a) b = a + singles;
     int rc = map_window(pool, a, b - a, grp);
     if (rc != 0) return rc;

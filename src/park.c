@@ -21,23 +21,16 @@
  * every other stream's and its own (mp_park_settle), before the tree:
  * held blocks would otherwise raise the mark for good.  Never a wait.
  *
- * Budget and batching (one stream callback per batch, never per free):
- *   - blocks of stream-cached orders: at most stream_cache_bytes; blocks
- *     of larger orders: at most max(stream_cache_bytes, pool_size / 8).
- *     A park that would pass the budget of the incoming block's kind
- *     first retires that kind's least recently used orders until it fits
- *     in half the budget, in one batch, then parks the new block, the one
- *     most likely to be asked for next; a single block larger than the
- *     budget is parked alone;
- *   - age: every MP_PARK_AGE_STEP-th park retires the orders nothing
- *     parked or took in the last MP_PARK_AGE operations on the park (one
- *     batch), so a busy stream does not keep sizes it no longer asks for;
- *     a counter under the lock, no clock;
- *   - trim, the out-of-memory ladder's cache rung, magpool_stream_release
- *     and a thread's own flush (trim epoch, exit) retire the whole park
- *     (mp_park_take_all), under the entry lock;
- *   - stream_cache_bytes == 0 turns parking off: every async free is
- *     retired at once, as magpool.h says.
+ * Budget and batching (one stream callback per batch, never per free;
+ * docs/design.md has the figures): stream-cached orders at most
+ * stream_cache_bytes, larger ones max(stream_cache_bytes, pool_size / 8);
+ * a park that would pass its budget retires the kind's least recently
+ * used orders down to half of it (make_room_locked); every
+ * MP_PARK_AGE_STEP-th park retires the orders idle for MP_PARK_AGE
+ * operations; trim, the ladder's cache rung, release and a thread's own
+ * flush retire the whole park under the entry lock (mp_park_take_all);
+ * stream_cache_bytes == 0 turns parking off (every async free retired).
+ * Runs are fenced instead of parked (fence_put, passed_hint).
  * Parked bytes are cached bytes in the statistics (stream_table.c).
  *
  * Concurrency: the lock is a test-and-test-and-set word, held for a few
@@ -225,8 +218,7 @@ typedef struct fbatch {
   int64_t bytes;
 } fbatch;
 
-/* Under flock. */
-static fbatch fence_detach(mp_park *k) {
+static fbatch fence_detach(mp_park *k) { /* under flock */
   fbatch f = {k->fr, k->fn, k->ftag, k->fcap, mp_load_relaxed(&k->fbytes)};
   k->fr = NULL;
   k->fn = k->fcap = 0;
@@ -289,7 +281,10 @@ out:
  * With `settle`, first detaches the open fence batch: on a yes its runs
  * are unfenced at once (their frees came before the question), on a no
  * they go back into the open batch (behind s in one batch if a free
- * opened a new one meanwhile).  Not on a capturing stream. */
+ * opened a new one meanwhile).  Detached before the question
+ * (MP_HOOK_PARK_IDLE, MP_HOOK_PARK_PASSED), the batch holds no run freed
+ * after it: a free that fences meanwhile opens a new batch.  Not on a
+ * capturing stream. */
 static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
   mp_park *k = &e->park;
   fbatch old = {NULL, 0, 0, 0, 0};
@@ -302,17 +297,11 @@ static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
   int passed = pool->sops->idle(pool->src_ctx, s) == 1;
   MP_HOOK(MP_HOOK_PARK_PASSED, k);
   if (!passed) {
-    /* Not passed: the runs stay fenced in the open batch, as if never
-     * detached, unless a free opened a new batch meanwhile (then they go
-     * behind s on their own). */
-    if (old.n != 0) {
+    if (old.n != 0) { /* back into the open batch, if it is still empty */
       word_lock(k, &k->flock);
       if (!k->fclosed && k->fn == 0) {
         free(k->fr);
-        k->fr = old.fr;
-        k->fn = old.n;
-        k->fcap = old.cap;
-        k->ftag = old.tag;
+        k->fr = old.fr, k->fn = old.n, k->fcap = old.cap, k->ftag = old.tag;
         mp_store_relaxed(&k->fbytes, old.bytes);
         old = (fbatch){NULL, 0, 0, 0, 0};
       }
@@ -339,12 +328,7 @@ static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
  *     keeps up (an idle one, a replay's) costs a query per 8 run frees.
  *     Once another takes runs, the next free asks at once: fenced runs
  *     are s's alone.
- * An ask after a "yes" first detaches the open fence batch: the runs
- * fenced since.  Their frees came before the query, so a "yes" passed
- * them too, and they are unfenced at once, with no callback; on a "no"
- * they stay fenced in the open batch, as if never detached.  Detached before
- * the query (MP_HOOK_PARK_IDLE, MP_HOOK_PARK_PASSED), the batch holds no
- * run freed after it: a free that fences meanwhile opens a new batch.
+ * An ask after a "yes" settles the runs fenced since (ask, above).
  * The counters (idle_skip; idle_back: the skip length, MP_PARK_YES while
  * the last answer was yes) are relaxed hints, read and written outside
  * the locks by any thread freeing on s: a lost update asks once more or
