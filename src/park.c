@@ -212,23 +212,31 @@ static void make_room_locked(magpool_t *pool, mp_park *k, unsigned order, int64_
 
 /* ------------------------------------------------------------ fenced runs */
 
-/* The open fence batch, detached. */
+/* The open fence batch, detached.  Until its runs are unfenced, back in
+ * the open batch or behind the stream, it counts in pending_batches: the
+ * ladder goes round again while that is not 0, and misses no run. */
 typedef struct fbatch {
   uint32_t *fr, n, tag, cap;
   int64_t bytes;
 } fbatch;
 
-static fbatch fence_detach(mp_park *k) { /* under flock */
+static fbatch fence_detach(magpool_t *pool, mp_park *k) { /* under flock */
   fbatch f = {k->fr, k->fn, k->ftag, k->fcap, mp_load_relaxed(&k->fbytes)};
+  if (f.n != 0) mp_fetch_add_acq_rel(&pool->retire.pending_batches, 1);
   k->fr = NULL;
   k->fn = k->fcap = 0;
   mp_store_relaxed(&k->fbytes, 0);
   return f;
 }
 
+static void fence_done(magpool_t *pool, fbatch f) {
+  if (f.n != 0) mp_fetch_add_acq_rel(&pool->retire.pending_batches, -1);
+}
+
 static void fence_retire(magpool_t *pool, mp_sentry *e, magpool_stream_t s, fbatch f) {
   if (f.n != 0) mp_retire_fenced(pool, &e->pending, s, f.fr, f.n, f.tag, f.bytes);
   else free(f.fr);
+  fence_done(pool, f);
 }
 
 /* Run p, freed on s, which has not passed the free (or was not asked):
@@ -267,7 +275,7 @@ static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p,
     int64_t now = mp_load_relaxed(&k->fbytes) + ((int64_t)r[1] << pool->chunks->shift);
     k->fn++;
     mp_store_relaxed(&k->fbytes, now);
-    if (now > mp_park_budget(pool, order) && !keep) old = fence_detach(k);
+    if (now > mp_park_budget(pool, order) && !keep) old = fence_detach(pool, k);
   }
   MP_HOOK(MP_HOOK_FENCE_PUT, k);
 out:
@@ -280,29 +288,30 @@ out:
 /* Asks s whether it has passed everything queued on it (1 yes, else 0).
  * With `settle`, first detaches the open fence batch: on a yes its runs
  * are unfenced at once (their frees came before the question), on a no
- * they go back into the open batch (behind s in one batch if a free
- * opened a new one meanwhile).  Detached before the question
- * (MP_HOOK_PARK_IDLE, MP_HOOK_PARK_PASSED), the batch holds no run freed
- * after it: a free that fences meanwhile opens a new batch.  Not on a
- * capturing stream. */
+ * they go back into the open batch (behind s if a free opened a new one
+ * or a flush came meanwhile).  Detached before the question, the batch
+ * holds no run freed after it.  Not on a capturing stream. */
 static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
   mp_park *k = &e->park;
   fbatch old = {NULL, 0, 0, 0, 0};
+  uint32_t gen = 0;
   if (settle) {
     word_lock(k, &k->flock);
-    if (!k->fclosed && k->fn != 0) old = fence_detach(k);
+    if (!k->fclosed && k->fn != 0) old = fence_detach(pool, k);
+    gen = k->fgen;
     word_unlock(&k->flock);
   }
   MP_HOOK(MP_HOOK_PARK_IDLE, k);
   int passed = pool->sops->idle(pool->src_ctx, s) == 1;
   MP_HOOK(MP_HOOK_PARK_PASSED, k);
   if (!passed) {
-    if (old.n != 0) { /* back into the open batch, if it is still empty */
+    if (old.n != 0) { /* back, unless a flush came (these then go too) */
       word_lock(k, &k->flock);
-      if (!k->fclosed && k->fn == 0) {
+      if (!k->fclosed && k->fn == 0 && k->fgen == gen) {
         free(k->fr);
         k->fr = old.fr, k->fn = old.n, k->fcap = old.cap, k->ftag = old.tag;
         mp_store_relaxed(&k->fbytes, old.bytes);
+        fence_done(pool, old);
         old = (fbatch){NULL, 0, 0, 0, 0};
       }
       word_unlock(&k->flock);
@@ -311,29 +320,21 @@ static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
   } else {
     if (old.n != 0) mp_runs_unfence(pool, old.fr, old.n, old.tag);
     free(old.fr);
+    fence_done(pool, old);
   }
   return passed;
 }
 
-/* Has s passed a run freed on it now?  1 yes, 0 no, -1 not asked.  The
- * stream is asked (the `idle` op: 0.5 us on a CUDA stream) only now and
- * then; a run not asked about is fenced for s (fence_put):
- *   - after each "no", the next 1, 2, 4 ... MP_PARK_IDLE_BACK run frees do
- *     not ask, so that a stream that runs behind its host (a training
- *     loop's) costs a query per 64 run frees, not per free;
- *   - after a "yes" that follows a "yes", while s made the pool's last
- *     MP_PARK_SOLO run takes (`runs.taker`, `runs.takes`: no other stream,
- *     no synchronous call is looking for runs), the next 1, 2, 4 ...
- *     MP_PARK_YES_BACK run frees do not ask either, so that a stream that
- *     keeps up (an idle one, a replay's) costs a query per 8 run frees.
- *     Once another takes runs, the next free asks at once: fenced runs
- *     are s's alone.
- * An ask after a "yes" settles the runs fenced since (ask, above).
- * The counters (idle_skip; idle_back: the skip length, MP_PARK_YES while
- * the last answer was yes) are relaxed hints, read and written outside
- * the locks by any thread freeing on s: a lost update asks once more or
- * once less, and "not asked" only fences a run that could have gone to
- * the free runs unfenced. */
+/* Has s passed a run freed on it now?  1 yes, 0 no, -1 not asked (the
+ * run is then fenced for s).  The `idle` op costs 0.5 us on a CUDA
+ * stream, so s is asked now and then (docs/design.md, "streams that keep
+ * up"): after each "no" the next 1, 2, 4 ... MP_PARK_IDLE_BACK run frees
+ * do not ask; after a "yes" that follows a "yes", while s made the pool's
+ * last MP_PARK_SOLO run takes (runs.taker, runs.takes), neither do the
+ * next 1, 2, 4 ... MP_PARK_YES_BACK, and the next question settles their
+ * runs (ask).  The counters (idle_skip; idle_back, with MP_PARK_YES) are
+ * relaxed hints outside the locks: a lost update asks once more or less,
+ * and "not asked" only fences a run that could have gone unfenced. */
 static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
   mp_park *k = &e->park;
   uint32_t skip = mp_load_relaxed(&k->idle_skip);
@@ -347,10 +348,8 @@ static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
   }
   int passed = ask(pool, e, s, yes_before);
   if (passed) {
-    back = !yes_before || !solo ? 0
-           : back == 0            ? 1
-           : back < MP_PARK_YES_BACK ? 2 * back
-                                     : MP_PARK_YES_BACK;
+    back = !yes_before || !solo ? 0 : back == 0 ? 1 : back < MP_PARK_YES_BACK ? 2 * back
+                                                                             : MP_PARK_YES_BACK;
     st = MP_PARK_YES | back;
   } else {
     back = yes_before || back == 0 ? 1 : back < MP_PARK_IDLE_BACK ? 2 * back : MP_PARK_IDLE_BACK;
@@ -475,9 +474,10 @@ void mp_park_retire_all(magpool_t *pool, mp_sentry *e, magpool_stream_t h, bool 
   mp_park *k = &e->park;
   chain = mp_park_take_all(pool, e, close, chain);
   if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, h, chain, -1);
-  if (!close && mp_load_relaxed(&k->fbytes) == 0) return;
+  /* Even with an empty batch: fgen tells a question out (ask) of the flush. */
   word_lock(k, &k->flock);
-  fbatch f = fence_detach(k);
+  fbatch f = fence_detach(pool, k);
+  k->fgen++;
   if (close) k->fclosed = true;
   MP_HOOK(MP_HOOK_FENCE_CLOSE, k);
   word_unlock(&k->flock);

@@ -341,8 +341,8 @@ typedef struct mp_park {
   int64_t obytes[MP_MAX_ORDER + 1]; /* per order, bytes parked (lock)    */
   uint32_t used[MP_MAX_ORDER + 1];  /* per order, clock at last use     */
   _Atomic int flock;            /* the open fence batch: lock, closed,  */
-  bool fclosed;                 /* tag, (start, length) pairs, bytes    */
-  uint32_t ftag, fn, fcap, *fr; /* (fbytes also read relaxed)           */
+  bool fclosed;                 /* tag, (start, length) pairs, bytes,   */
+  uint32_t ftag, fn, fcap, fgen, *fr; /* flushes (fbytes: also relaxed) */
   _Atomic int64_t fbytes;
   _Atomic uint32_t idle_skip;   /* run frees that answer "not known"     */
   _Atomic uint32_t idle_back;   /* without asking the stream, and the

@@ -38,8 +38,10 @@
  *        about (and unfenced) before the pool maps chunks for S
  *   fence::a_no_after_a_streak_keeps_the_open_batch   a "not passed" after
  *        such a run leaves it in the open batch, S's, with no callback
+ *   races::a_flush_during_the_question_takes_the_runs_along   unless a
+ *        flush came while the question was out: then it goes behind S
  * Host streams held by gates; parking off (stream_cache_bytes 0), so
- * every async free is retired at once, but in the last six tests.  Every test ends with
+ * every async free is retired at once, but in the last seven tests.  Every test ends with
  * magpool_check (the runs' fence invariants included).
  * Internal headers: links the static archive.
  */
@@ -732,5 +734,50 @@ Test(fence, a_no_after_a_streak_keeps_the_open_batch, .timeout = 60) {
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free_async(pool, y, S), 0);
   gate_release(&g, S);
+  finish(pool, PS, &S, 1);
+}
+
+/* As above, but thread A's free (z), which detached the batch with x, is
+ * stopped after S said "not passed" (MP_HOOK_PARK_PASSED) while trim
+ * flushes the caches.  While x is out of the batch it counts in
+ * pending_batches (the ladder goes round again); after the flush, A does
+ * not put x back in the open batch: it goes behind S with the flush. */
+Test(races, a_flush_during_the_question_takes_the_runs_along, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  for (unsigned i = 0; i < MP_PARK_SOLO; i++) { /* S makes the last takes */
+    void *y = magpool_alloc_async(pool, BIG, S);
+    cr_assert_not_null(y);
+    cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  }
+  void *x = magpool_alloc_async(pool, BIG, S), *z = magpool_alloc_async(pool, BIG, S);
+  cr_assert(x != NULL && z != NULL);
+  mp_park *k = park_of(pool, S);
+  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
+  atomic_store(&k->idle_skip, 1u);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0); /* skipped: fenced */
+  gate g;
+  gate_hold(&g, S);
+  int64_t pb = atomic_load(&pool->retire.pending_batches);
+  mp_hook_set(ask_hook);
+  fjob a = {pool, S, z, 0, 0, FLAG_INIT, FLAG_INIT};
+  pthread_t ta;
+  cr_assert_eq(pthread_create(&ta, NULL, free_and_stop, &a), 0);
+  flag_wait(&qstopped);
+  cr_assert_eq(atomic_load(&pool->retire.pending_batches), pb + 1,
+               "x, out of the open batch, is not counted on its way");
+  cr_assert_eq(magpool_trim(pool), 0);
+  flag_set(&qgo);
+  pthread_join(ta, NULL);
+  mp_hook_set(NULL);
+  cr_assert(fenced(pool, rchunk(pool, x)) && fenced(pool, rchunk(pool, z)));
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, BIG, "x did not go behind S with the flush (pending %zu)",
+               st.pending_bytes);
+  cr_assert_eq(st.cached_bytes, BIG, "z is not in the open batch (cached %zu)", st.cached_bytes);
+  cr_assert_eq(magpool_check(pool), 0);
+  gate_release(&g, S);
+  cr_assert_eq(magpool_trim(pool), 0);
   finish(pool, PS, &S, 1);
 }
