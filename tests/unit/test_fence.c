@@ -603,6 +603,30 @@ Test(fence, a_stream_that_keeps_up_is_asked_less_and_less, .timeout = 60) {
   finish(pool, PS, &S, 1);
 }
 
+/* S makes the pool's last MP_PARK_SOLO run takes, then n more runs of
+ * BIG (out[]), and has said "passed" twice running: its next run free
+ * skips the question.  Returns S's park. */
+static mp_park *keep_up(magpool_t *pool, magpool_stream_t S, void **out, int n) {
+  for (unsigned i = 0; i < MP_PARK_SOLO; i++) {
+    void *y = magpool_alloc_async(pool, BIG, S);
+    cr_assert_not_null(y);
+    cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  }
+  for (int i = 0; i < n; i++) cr_assert_not_null(out[i] = magpool_alloc_async(pool, BIG, S));
+  mp_park *k = park_of(pool, S);
+  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
+  atomic_store(&k->idle_skip, 1u);
+  return k;
+}
+
+/* keep_up on a fresh 64 MiB pool (no thread cache) and host stream *S. */
+static magpool_t *keeping_pool(magpool_stream_t *S, mp_park **k, void **out, int n) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .thread_cache = MPT_ZERO});
+  *S = stream_new();
+  *k = keep_up(pool, *S, out, n);
+  return pool;
+}
+
 static void *free_and_stop(void *arg) {
   fjob *j = arg;
   qstopper = 1;
@@ -617,19 +641,11 @@ static void *free_and_stop(void *arg) {
  * x only: w was freed after the question, behind the blocked task. */
 Test(races, a_yes_settles_only_runs_fenced_before_it, .timeout = 60) {
   const size_t PS = 64 * MiB;
-  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
-  magpool_stream_t S = stream_new();
-  for (unsigned i = 0; i < MP_PARK_SOLO; i++) { /* S makes the last takes */
-    void *y = magpool_alloc_async(pool, BIG, S);
-    cr_assert_not_null(y);
-    cr_assert_eq(magpool_free_async(pool, y, S), 0);
-  }
-  void *x = magpool_alloc_async(pool, BIG, S), *z = magpool_alloc_async(pool, BIG, S),
-       *w = magpool_alloc_async(pool, BIG, S);
-  cr_assert(x != NULL && z != NULL && w != NULL);
-  mp_park *k = park_of(pool, S);
-  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
-  atomic_store(&k->idle_skip, 1u);
+  magpool_stream_t S;
+  void *b[3];
+  mp_park *k;
+  magpool_t *pool = keeping_pool(&S, &k, b, 3);
+  void *x = b[0], *z = b[1], *w = b[2];
   atomic_store(&asked, 0);
   mp_hook_set(ask_hook);
   cr_assert_not(free_asks(pool, x, S), "x's free asked");
@@ -666,16 +682,8 @@ Test(fence, a_new_peak_asks_a_stream_that_keeps_up, .timeout = 60) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = true, .max = 4 * PS,
                                         .thread_cache = MPT_ZERO});
   magpool_stream_t S = stream_new();
-  for (unsigned i = 0; i < MP_PARK_SOLO; i++) { /* S makes the last takes */
-    void *y = magpool_alloc_async(pool, BIG, S);
-    cr_assert_not_null(y);
-    cr_assert_eq(magpool_free_async(pool, y, S), 0);
-  }
-  void *x = magpool_alloc_async(pool, BIG, S);
-  cr_assert_not_null(x);
-  mp_park *k = park_of(pool, S);
-  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
-  atomic_store(&k->idle_skip, 1u);
+  void *x;
+  (void)keep_up(pool, S, &x, 1);
   uint64_t b0 = atomic_load(&pool->retire.batches);
   atomic_store(&asked, 0);
   mp_hook_set(ask_hook);
@@ -702,18 +710,11 @@ Test(fence, a_new_peak_asks_a_stream_that_keeps_up, .timeout = 60) {
  * request gets its runs back. */
 Test(fence, a_no_after_a_streak_keeps_the_open_batch, .timeout = 60) {
   const size_t PS = 64 * MiB;
-  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
-  magpool_stream_t S = stream_new();
-  for (unsigned i = 0; i < MP_PARK_SOLO; i++) { /* S makes the last takes */
-    void *y = magpool_alloc_async(pool, BIG, S);
-    cr_assert_not_null(y);
-    cr_assert_eq(magpool_free_async(pool, y, S), 0);
-  }
-  void *x = magpool_alloc_async(pool, BIG, S), *z = magpool_alloc_async(pool, BIG, S);
-  cr_assert(x != NULL && z != NULL);
-  mp_park *k = park_of(pool, S);
-  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
-  atomic_store(&k->idle_skip, 1u);
+  magpool_stream_t S;
+  void *b[2];
+  mp_park *k;
+  magpool_t *pool = keeping_pool(&S, &k, b, 2);
+  void *x = b[0], *z = b[1];
   uint64_t b0 = atomic_load(&pool->retire.batches);
   atomic_store(&asked, 0);
   mp_hook_set(ask_hook);
@@ -744,18 +745,11 @@ Test(fence, a_no_after_a_streak_keeps_the_open_batch, .timeout = 60) {
  * not put x back in the open batch: it goes behind S with the flush. */
 Test(races, a_flush_during_the_question_takes_the_runs_along, .timeout = 60) {
   const size_t PS = 64 * MiB;
-  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
-  magpool_stream_t S = stream_new();
-  for (unsigned i = 0; i < MP_PARK_SOLO; i++) { /* S makes the last takes */
-    void *y = magpool_alloc_async(pool, BIG, S);
-    cr_assert_not_null(y);
-    cr_assert_eq(magpool_free_async(pool, y, S), 0);
-  }
-  void *x = magpool_alloc_async(pool, BIG, S), *z = magpool_alloc_async(pool, BIG, S);
-  cr_assert(x != NULL && z != NULL);
-  mp_park *k = park_of(pool, S);
-  atomic_store(&k->idle_back, MP_PARK_YES | 1u); /* after a yes, skip one */
-  atomic_store(&k->idle_skip, 1u);
+  magpool_stream_t S;
+  void *b[2];
+  mp_park *k;
+  magpool_t *pool = keeping_pool(&S, &k, b, 2);
+  void *x = b[0], *z = b[1];
   cr_assert_eq(magpool_free_async(pool, x, S), 0); /* skipped: fenced */
   gate g;
   gate_hold(&g, S);
