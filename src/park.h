@@ -69,8 +69,8 @@ bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size);
  * behind s (to the trees at once if s has passed it: mp_retire_chain),
  * so that what the allocation cannot use of it is not held for s alone
  * while the pool grows; runs fenced without asking while s keeps up
- * (passed_hint) are asked about first.  Never waits.  Nothing if s is capturing.  The
- * caller holds a use of e. */
+ * (passed_hint) are asked about first.  Never waits.  Nothing if s is
+ * capturing.  The caller holds a use of e. */
 void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s);
 /* The most bytes a park keeps of blocks of `order` (see park.c). */
 int64_t mp_park_budget(const magpool_t *pool, unsigned order);

@@ -199,12 +199,9 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner) {
   mp_runs *r = &pool->chunks->runs;
   if (m == 0 || m > r->n) return -1;
   pthread_mutex_lock(r->lock);
-  if (mp_load_relaxed(&r->taker) != owner) {
-    mp_store_relaxed(&r->taker, owner);
-    mp_store_relaxed(&r->takes, 1);
-  } else if (mp_load_relaxed(&r->takes) < UINT32_MAX) {
-    mp_store_relaxed(&r->takes, mp_load_relaxed(&r->takes) + 1);
-  }
+  bool same = mp_load_relaxed(&r->taker) == owner; /* the run of takes by one owner */
+  mp_store_relaxed(&r->takes, same ? mp_load_relaxed(&r->takes) + 1 : 1);
+  if (!same) mp_store_relaxed(&r->taker, owner);
   pick b = {0, 0, 0, 0, false};
   unsigned looked = 0;
   /* By length, shortest first: once a window is all mapped, longer runs

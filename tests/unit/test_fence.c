@@ -619,11 +619,13 @@ static mp_park *keep_up(magpool_t *pool, magpool_stream_t S, void **out, int n) 
   return k;
 }
 
-/* keep_up on a fresh 64 MiB pool (no thread cache) and host stream *S. */
+/* keep_up on a fresh 64 MiB pool (no thread cache) and host stream *S;
+ * S's park in *k unless k is NULL. */
 static magpool_t *keeping_pool(magpool_stream_t *S, mp_park **k, void **out, int n) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .thread_cache = MPT_ZERO});
   *S = stream_new();
-  *k = keep_up(pool, *S, out, n);
+  mp_park *park = keep_up(pool, *S, out, n);
+  if (k != NULL) *k = park;
   return pool;
 }
 
@@ -747,8 +749,7 @@ Test(races, a_flush_during_the_question_takes_the_runs_along, .timeout = 60) {
   const size_t PS = 64 * MiB;
   magpool_stream_t S;
   void *b[2];
-  mp_park *k;
-  magpool_t *pool = keeping_pool(&S, &k, b, 2);
+  magpool_t *pool = keeping_pool(&S, NULL, b, 2);
   void *x = b[0], *z = b[1];
   cr_assert_eq(magpool_free_async(pool, x, S), 0); /* skipped: fenced */
   gate g;
