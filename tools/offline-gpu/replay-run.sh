@@ -3,21 +3,24 @@
 # docs/benchmarks.md on a GPU machine: every shared trace replayed on
 # magpool and its peers, sync and async, then magpool capped at
 # cudaMalloc's footprint + 2 %.  Needs a build with CUDA
-# (tools/offline-gpu/device-run.sh makes one).
+# (tools/offline-gpu/device-run.sh makes one).  TRACE_DIR: the traces to
+# replay (default tests/data/traces; record-workloads.py records more).
 set -u
 B=${1:-build-dev}
 OUT=${2:-out}
-T=$(dirname "$0")/../../tests/data/traces
+T=${TRACE_DIR:-$(dirname "$0")/../../tests/data/traces}
 R=$B/bench/magpool-replay
 mkdir -p "$OUT"
 for m in sync async; do
   timeout 240 "$R" "$T"/*.trace.gz --kind device --mode "$m" --allocator all --stats
 done >"$OUT/replay.log" 2>&1
-# The cap runs: cudaMalloc's peak reserved (pass 1) + 2 %, per trace.
-grep '^REPLAY' "$OUT/replay.log" | grep 'allocator=cudaMalloc ' | grep 'pass=1' |
+# The cap runs: cudaMalloc's peak reserved (sync, pass 1) + 2 %, per trace
+# (%.0f: some awks print %d of a number past 2^31 as 2147483647).
+grep '^REPLAY' "$OUT/replay.log" | grep 'allocator=cudaMalloc mode=sync pass=1 ' |
+  grep 'result=completed' |
   sed 's/.*trace=\([^ ]*\).*peak_reserved=\([0-9]*\).*/\1 \2/' |
   while read -r name peak; do
-    cap=$(awk -v p="$peak" 'BEGIN { printf "%d", p * 1.02 }')
+    cap=$(awk -v p="$peak" 'BEGIN { printf "%.0f", p * 1.02 }')
     for m in sync async; do
       timeout 120 "$R" "$T/$name.trace.gz" --kind device --mode "$m" --cap "$cap"
     done
