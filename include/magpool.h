@@ -112,7 +112,14 @@ typedef struct magpool_config {
   int allow_growth;          /* nonzero: take more memory from the source
                                 when a request does not fit; default 0     */
   size_t max_pool_size;      /* upper bound on all memory taken, growth
-                                included; 0 = no limit of magpool's own    */
+                                included; 0 = no limit of magpool's own.
+                                A chunked pool (chunk_size) with a limit
+                                maps its growth a chunk at a time, so that
+                                any empty chunk can be moved where a
+                                request needs it and only busy chunks
+                                refuse one at the limit; without one,
+                                growth maps up to 8 chunks per driver
+                                allocation (fewer driver calls)           */
   size_t min_block;          /* smallest block, a power of two from 16 to
                                 65536; default 64                          */
   magpool_mem_kind_t kind;   /* default MAGPOOL_MEM_HOST                   */

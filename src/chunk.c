@@ -17,7 +17,10 @@
  *     keep, then map: no create on sources that keep memory);
  *   - growth maps each MP_CHUNK_GROUP-aligned window as one group (one
  *     piece of memory where the source has map_group), unmapped whole;
- *     pool_size and the chunks a move maps are a chunk each;
+ *     pool_size, the chunks a move maps, and all of a pool with a
+ *     max_pool_size are a chunk each (a group with one busy chunk pins
+ *     its empty ones: they cannot move, and a capped pool would fail
+ *     with the memory there; cuMemMap maps a handle whole, offset 0);
  *   - empty chunks stay mapped, but above release_threshold at a give,
  *     and at magpool_trim (down to pool_size).
  * So mapped memory never exceeds the peak need by more than the slack,
@@ -83,12 +86,11 @@ static inline void bit_put(mp_chunks *c, uint64_t i, bool on) {
 
 /* Maps chunks [a, a + n) of one group (all unmapped, inside one
  * MP_CHUNK_GROUP-aligned window) with one source call: one piece of
- * memory if the source can (map_group) and n > 1, else a chunk each.
- * Lock held. */
+ * memory if allowed (above) and n > 1, else a chunk each.  Lock held. */
 static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   mp_chunks *c = pool->chunks;
   const mp_source_ops *src = pool->src;
-  bool one = grp && n > 1 && src->map_group != NULL && a >= c->keep;
+  bool one = grp && n > 1 && src->map_group && a >= c->keep && !pool->cfg.max_pool_size;
   char *addr = c->base + (a << c->shift);
   int rc = one ? src->map_group(pool->src_ctx, addr, n << c->shift)
                : src->map(pool->src_ctx, addr, n << c->shift);
@@ -134,9 +136,8 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n, uint64_t singles
 }
 
 /* Unmaps the group of chunk i if every chunk of it is empty, with the
- * handshake above on each of them, and if at least `floor` chunks stay
- * mapped.  Lock held.  Returns the chunks unmapped: the group's length,
- * or 0. */
+ * handshake above on each, and if at least `floor` chunks stay mapped.
+ * Lock held.  Returns the chunks unmapped: the group's length, or 0. */
 static uint64_t unmap_if_empty(magpool_t *pool, uint64_t i, int keep, uint64_t floor) {
   mp_chunks *c = pool->chunks;
   if (mp_load_relaxed(&c->state[i]) != MP_CHUNK_MAPPED) return 0;
@@ -186,8 +187,7 @@ static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t w
 
 /* Unmaps up to `want` empty mapped chunks, the highest first: run space,
  * then the lower half (lowest-first placement wants high chunks last).
- * The highest empty chunks of a warm pool mostly lie in a row.  Returns
- * how many were unmapped.  Lock held. */
+ * Returns how many were unmapped.  Lock held. */
 static uint64_t unmap_highest(magpool_t *pool, uint64_t want, int keep, uint64_t floor) {
   mp_chunks *c = pool->chunks;
   uint64_t got = unmap_down(pool, c->run0, mp_load_relaxed(&c->run_top), want, keep, floor);

@@ -3,6 +3,7 @@
 #
 #   replay_test.sh smoke     REPLAY_BIN TRACE_DIR
 #   replay_test.sh footprint REPLAY_BIN TRACE_DIR
+#   replay_test.sh cap       REPLAY_BIN TRACE_DIR
 #
 # smoke: tiny.trace (50 events, 2 streams, written by hand) on a HOST pool,
 #   sync and async, 2 passes: every REPLAY line matches the output
@@ -21,6 +22,10 @@
 #   bound (gpt2_train_small 1.10, resnet50_train 1.05,
 #   multistream_serve 1.03; gpt2_parity_magpool 1.042, what PyTorch's own
 #   allocator reserved for that run on the GPU).
+# cap: gpt2_generate on a HOST pool, sync and async, 2 passes, with
+#   --cap at what cudaMalloc reserved for it on the H200 + 2 %: every pass
+#   completes (a capped pool maps a chunk each, so that every empty chunk
+#   can move: docs/design.md).
 # Nothing here asserts a timing.
 set -u
 mode=$1 bin=$2 dir=$3
@@ -124,8 +129,18 @@ footprint)
     done
   done
   ;;
+cap)
+  for m in sync async; do
+    run "$dir/gpt2_generate.trace.gz" --kind host --mode "$m" --passes 2 --cap 827829780
+    check_lines 2
+    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+      [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
+      [ "$(field peak_reserved "$line")" -le 827829780 ] || echo "FAIL: over the cap: $line"
+    done | grep FAIL && fail "gpt2_generate under the cap, $m"
+  done
+  ;;
 *)
-  echo "usage: $0 smoke|footprint REPLAY_BIN TRACE_DIR" >&2
+  echo "usage: $0 smoke|footprint|cap REPLAY_BIN TRACE_DIR" >&2
   exit 2
   ;;
 esac

@@ -22,6 +22,9 @@
  *        groups, unmapped only whole; a move maps a chunk each
  *   chunks::a_move_maps_one_chunk_handles_only_for_what_it_moved   a take
  *        that moves and grows maps a chunk each only as many as it moved
+ *   chunks::a_capped_pool_can_move_every_empty_chunk   under max_pool_size
+ *        growth maps a chunk each: a run freed and then partly reused
+ *        leaves empty chunks that a take at the cap can still move
  *   races::group_take_counted_before_unmap   as the first race, but the
  *        take counts one chunk of a group and trim looks at another: the
  *        whole group stays mapped
@@ -358,6 +361,40 @@ Test(chunks, a_move_maps_one_chunk_handles_only_for_what_it_moved) {
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, r), 0);
   cr_assert_eq(magpool_free(pool, b), 0);
+  mpt_pool_done(pool);
+}
+
+/* A pool with a max_pool_size maps a chunk each (chunk.c): a run freed
+ * and partly reused leaves empty chunks beside a busy one; at the cap, a
+ * run that needs new chunks moves them.  In one group they could not
+ * move, and the take failed with the memory there.  The tree's chunk is
+ * kept busy (s) so that it cannot serve the move instead. */
+Test(chunks, a_capped_pool_can_move_every_empty_chunk) {
+  magpool_t *pool = chunked_pool(2 * MiB, 16 * CHUNK);
+  mp_chunks *c = pool->chunks;
+  void *s = magpool_alloc(pool, 64);
+  void *x = magpool_alloc(pool, 4 * CHUNK), *y = magpool_alloc(pool, 4 * CHUNK);
+  void *z = magpool_alloc(pool, 4 * CHUNK);
+  cr_assert(s != NULL && x != NULL && y != NULL && z != NULL);
+  uint64_t k0 = chunk_index(pool, x);
+  for (uint64_t k = k0; k < k0 + 4; k++)
+    cr_assert_eq(c->glen[c->gfirst[k]], 1, "chunk %lu is in a group of %u", (unsigned long)k,
+                 c->glen[c->gfirst[k]]);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  void *w = magpool_alloc(pool, 1 * CHUNK);
+  cr_assert_eq(w, x, "the test needs the one-chunk run where the freed run was");
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 13 * CHUNK);
+  /* 10 chunks busy; 4 more need 3 empty ones moved (13 + 4 > 16). */
+  uint64_t moves = mpt_stats(pool).chunk_moves;
+  void *v = magpool_alloc(pool, 4 * CHUNK);
+  cr_assert_not_null(v, "a take at the cap failed with %lu chunks busy of 16",
+                     (unsigned long)mp_load_relaxed(&c->nbusy));
+  cr_assert_geq(mpt_stats(pool).chunk_moves - moves, 1);
+  cr_assert_leq(mpt_stats(pool).reserved_bytes, 16 * CHUNK);
+  memset(v, 0x3c, 4 * CHUNK);
+  cr_assert_eq(magpool_check(pool), 0);
+  void *all[] = {s, w, y, z, v};
+  for (unsigned i = 0; i < 5; i++) cr_assert_eq(magpool_free(pool, all[i]), 0);
   mpt_pool_done(pool);
 }
 
