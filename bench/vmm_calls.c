@@ -26,6 +26,8 @@
  *   stream_capturing  cudaStreamIsCapturing (capture_check, every free)
  *   stream_idle       the CUDA stream op `idle` (stream_cuda.c: the
  *                     guards and the query), once per retire
+ *   drv_capturing     cuStreamIsCapturing, the driver's own entry point
+ *   drv_query         cuStreamQuery, the driver's own entry point
  *
  * Each row runs R rounds of N chunks (default 64 x 5) and prints the
  * median round:  SUMMARY vmm call=NAME us_per_chunk=X
@@ -53,6 +55,8 @@ static struct {
   CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   CUresult (*unmap)(CUdeviceptr, size_t);
   CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+  CUresult (*is_capturing)(CUstream, CUstreamCaptureStatus *);
+  CUresult (*query)(CUstream);
 } drv;
 
 static void lookup(const char *name, void **fn) {
@@ -102,13 +106,14 @@ enum { R_CREATE, R_MAP, R_ACC1, R_ACC16, R_UNMAP, R_RELEASE,
        R_SNEW, R_SKEEP, R_SKEPT, R_MOVE, R_SFREE,
        R_BCREATE, R_BMAP, R_BACC, R_BUNMAP, R_BRELEASE,
        R_QCREATE, R_QMAP, R_QACC, R_QUNMAP, R_QRELEASE, R_SGMAP, R_SGUNMAP,
-       R_SQUERY, R_SCAPT, R_SIDLE, NROWS };
+       R_SQUERY, R_SCAPT, R_SIDLE, R_DCAPT, R_DQUERY, NROWS };
 static const char *row_name[NROWS] = {
   "create", "map", "access_chunk", "access_run16", "unmap", "release",
   "src_map_new16", "src_unmap_keep", "src_map_kept16", "move", "src_unmap_free",
   "create_handle16", "map_handle16", "access_handle16", "unmap_handle16", "release_handle16",
   "create_handle4", "map_handle4", "access_handle4", "unmap_handle4", "release_handle4",
   "src_map_group", "src_unmap_group", "stream_query", "stream_capturing", "stream_idle",
+  "drv_capturing", "drv_query",
 };
 static double t[NROWS][MAX_ROUNDS];
 
@@ -225,6 +230,14 @@ static void stream_round(int r, cudaStream_t s, size_t n) {
     fprintf(stderr, "magpool-vmm-calls: the stream op says an idle stream is busy\n");
     exit(1);
   }
+  CUstreamCaptureStatus ds;
+  double t4 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.is_capturing((CUstream)s, &ds));
+  double t5 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.query((CUstream)s));
+  double t6 = now_us();
+  t[R_DCAPT][r] = (t5 - t4) / n;
+  t[R_DQUERY][r] = (t6 - t5) / n;
   t[R_SQUERY][r] = (t1 - t0) / n;
   t[R_SCAPT][r] = (t2 - t1) / n;
   t[R_SIDLE][r] = (t3 - t2) / n;
@@ -262,6 +275,8 @@ int main(int argc, char **argv) {
   lookup("cuMemMap", (void **)&drv.map);
   lookup("cuMemUnmap", (void **)&drv.unmap);
   lookup("cuMemSetAccess", (void **)&drv.access);
+  lookup("cuStreamIsCapturing", (void **)&drv.is_capturing);
+  lookup("cuStreamQuery", (void **)&drv.query);
 
   magpool_config_t cfg;
   magpool_config_init(&cfg);
