@@ -113,13 +113,9 @@ typedef struct magpool_config {
                                 when a request does not fit; default 0     */
   size_t max_pool_size;      /* upper bound on all memory taken, growth
                                 included; 0 = no limit of magpool's own.
-                                A chunked pool (chunk_size) with a limit
-                                maps its growth a chunk at a time, so that
-                                any empty chunk can be moved where a
-                                request needs it and only busy chunks
-                                refuse one at the limit; without one,
-                                growth maps up to 8 chunks per driver
-                                allocation (fewer driver calls)           */
+                                A chunked pool with a limit maps its
+                                growth a chunk at a time by default
+                                (chunk_groups)                           */
   size_t min_block;          /* smallest block, a power of two from 16 to
                                 65536; default 64                          */
   magpool_mem_kind_t kind;   /* default MAGPOOL_MEM_HOST                   */
@@ -168,8 +164,10 @@ typedef struct magpool_config {
                                 says how much) where the pool would
                                 otherwise map or move memory for it     */
   int capture_check;         /* nonzero (default): every async free on a
-                                CUDA stream asks cudaStreamIsCapturing
-                                (about 80 ns on an H200) and answers
+                                CUDA stream asks whether s is captured
+                                (the driver's cuStreamIsCapturing, about
+                                20 ns on an H200; cudaStreamIsCapturing
+                                if that call fails) and answers
                                 MAGPOOL_ECAPTURE during a capture.  0: the
                                 program promises to call
                                 magpool_stream_release(pool, s) before it
@@ -208,6 +206,16 @@ typedef struct magpool_config {
                                 string is copied at create.  Default:
                                 the MAGPOOL_TRACE environment variable,
                                 else NULL                                */
+  int chunk_groups;          /* how a chunked pool maps its growth: 1, up
+                                to 8 chunks per driver allocation (fewer
+                                driver calls: about 5 us a chunk on an
+                                H200 against 35); 0, a chunk each, so that
+                                any empty chunk can move where a request
+                                needs it (a group with one busy chunk pins
+                                the rest: near max_pool_size a request can
+                                then fail with memory empty).  Default -1:
+                                0 with a max_pool_size, else 1.  Other
+                                values: MAGPOOL_EINVAL at create        */
 } magpool_config_t;
 
 /* Statistics of one pool, summed over all threads.  Counters are kept per
@@ -466,8 +474,9 @@ MAGPOOL_API void *magpool_alloc_async(magpool_t *pool, size_t size,
  * MAGPOOL_ECAPTURE when s is being captured: a free recorded into a graph
  * would be a no-op at every replay, so the block stays allocated (free it
  * outside the capture once the graph is done with it).  To that end every
- * free on a CUDA stream asks cudaStreamIsCapturing first, unless the pool
- * was created with capture_check = 0 (see magpool_config_t). */
+ * free on a CUDA stream asks whether s is being captured first (the
+ * driver's cuStreamIsCapturing), unless the pool was created with
+ * capture_check = 0 (see magpool_config_t). */
 MAGPOOL_API int magpool_free_async(magpool_t *pool, void *ptr,
                                    magpool_stream_t s);
 

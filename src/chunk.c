@@ -17,10 +17,10 @@
  *     keep, then map: no create on sources that keep memory);
  *   - growth maps each MP_CHUNK_GROUP-aligned window as one group (one
  *     piece of memory where the source has map_group), unmapped whole;
- *     pool_size, the chunks a move maps, and all of a pool with a
- *     max_pool_size are a chunk each (a group with one busy chunk pins
- *     its empty ones: they cannot move, and a capped pool would fail
- *     with the memory there; cuMemMap maps a handle whole, offset 0);
+ *     pool_size, the chunks a move maps, and all of a pool without
+ *     chunk_groups (default: one with a max_pool_size) are a chunk each
+ *     (a group with one busy chunk pins its empty ones: they cannot
+ *     move, and a capped pool would fail with the memory there);
  *   - empty chunks stay mapped, but above release_threshold at a give,
  *     and at magpool_trim (down to pool_size).
  * So mapped memory never exceeds the peak need by more than the slack,
@@ -90,7 +90,7 @@ static inline void bit_put(mp_chunks *c, uint64_t i, bool on) {
 static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   mp_chunks *c = pool->chunks;
   const mp_source_ops *src = pool->src;
-  bool one = grp && n > 1 && src->map_group && a >= c->keep && !pool->cfg.max_pool_size;
+  bool one = grp && n > 1 && src->map_group && a >= c->keep && pool->cfg.chunk_groups;
   char *addr = c->base + (a << c->shift);
   int rc = one ? src->map_group(pool->src_ctx, addr, n << c->shift)
                : src->map(pool->src_ctx, addr, n << c->shift);

@@ -40,6 +40,7 @@ static const field fields[] = {
     FIELD(chunk_size, F_SIZE),
     FIELD(release_threshold, F_SIZE),
     FIELD(trace_path, F_STR),
+    FIELD(chunk_groups, F_INT),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 

@@ -49,6 +49,7 @@ void magpool_config_init(magpool_config_t *cfg) {
   cfg->chunk_size = MP_DEFAULT_CHUNK;
   cfg->release_threshold = SIZE_MAX;
   cfg->trace_path = NULL;
+  cfg->chunk_groups = -1;
   mp_config_apply_env(cfg); /* MAGPOOL_CONF, MAGPOOL_TRACE (config_parse.c) */
 }
 
@@ -75,6 +76,8 @@ static int config_load(const magpool_config_t *in, magpool_config_t *out) {
   if (out->kind != MAGPOOL_MEM_HOST && out->kind != MAGPOOL_MEM_DEVICE &&
       out->kind != MAGPOOL_MEM_PINNED)
     return MAGPOOL_EINVAL;
+  if (out->chunk_groups < -1 || out->chunk_groups > 1) return MAGPOOL_EINVAL;
+  if (out->chunk_groups < 0) out->chunk_groups = out->max_pool_size == 0; /* chunk.c */
   return 0;
 }
 

@@ -10,7 +10,8 @@
  * frees skip the question to the stream (park.c, streams that keep up).
  *
  * --grow-from G: the pool starts at G MiB and grows up to M (max_pool_size),
- * so chunks are mapped by growth (in groups) and unmapped by moves; the end
+ * so chunks are mapped by growth (in groups: chunk_groups = 1, which a cap
+ * otherwise turns off) and unmapped by moves; the end
  * check then wants G MiB reserved after trim.
  *
  * T worker slots each run a thread that, until time is up, allocates blocks
@@ -1301,6 +1302,7 @@ static void setup(slot *ms) {
     cfg.pool_size = g_opt.grow_from_mb << 20;
     cfg.allow_growth = 1;
     cfg.max_pool_size = g_opt.pool_mb << 20;
+    cfg.chunk_groups = 1; /* groups under the cap too: their races are the test */
   }
   int rc = magpool_create(&cfg, &g_pool);
   if (rc != 0) {

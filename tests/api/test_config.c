@@ -24,6 +24,7 @@ Test(config, defaults) {
   cr_assert_eq(cfg.cache_max_block, 1 * MiB);
   cr_assert_eq(cfg.stream_cache_bytes, 8 * MiB);
   cr_assert_eq(cfg.capture_check, 1);
+  cr_assert_eq(cfg.chunk_groups, -1);
   magpool_config_init(NULL); /* no-op, must not crash */
 }
 
@@ -131,6 +132,12 @@ Test(config, bad_configs) {
   cfg.allow_growth = 1;
   cfg.max_pool_size = 8 * MiB;
   expect_create_einval(&cfg, "max_pool_size below pool_size");
+  magpool_config_init(&cfg);
+  cfg.chunk_groups = 2;
+  expect_create_einval(&cfg, "chunk_groups 2");
+  magpool_config_init(&cfg);
+  cfg.chunk_groups = -2;
+  expect_create_einval(&cfg, "chunk_groups -2");
 
   magpool_config_init(&cfg);
   magpool_t *out = (magpool_t *)(uintptr_t)0x5A5A;

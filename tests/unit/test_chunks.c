@@ -24,7 +24,8 @@
  *        that moves and grows maps a chunk each only as many as it moved
  *   chunks::a_capped_pool_can_move_every_empty_chunk   under max_pool_size
  *        growth maps a chunk each: a run freed and then partly reused
- *        leaves empty chunks that a take at the cap can still move
+ *        leaves empty chunks that a take at the cap can still move; with
+ *        chunk_groups = 1 the same pool maps groups again
  *   races::group_take_counted_before_unmap   as the first race, but the
  *        take counts one chunk of a group and trim looks at another: the
  *        whole group stays mapped
@@ -396,6 +397,22 @@ Test(chunks, a_capped_pool_can_move_every_empty_chunk) {
   void *all[] = {s, w, y, z, v};
   for (unsigned i = 0; i < 5; i++) cr_assert_eq(magpool_free(pool, all[i]), 0);
   mpt_pool_done(pool);
+
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.pool_size = 2 * MiB;
+  cfg.allow_growth = 1;
+  cfg.max_pool_size = 16 * CHUNK;
+  cfg.chunk_groups = 1;
+  cr_assert_eq(magpool_create(&cfg, &pool), 0);
+  cr_assert_eq(pool->cfg.chunk_groups, 1);
+  x = magpool_alloc(pool, 4 * CHUNK);
+  cr_assert_not_null(x);
+  k0 = chunk_index(pool, x);
+  cr_assert_eq(pool->chunks->glen[pool->chunks->gfirst[k0]], 4,
+               "chunk_groups = 1: growth of 4 chunks is one group");
+  cr_assert_eq(magpool_free(pool, x), 0);
+  cr_assert_eq(magpool_destroy(pool), 0);
 }
 
 Test(races, group_take_counted_before_unmap) {
