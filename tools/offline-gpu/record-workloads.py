@@ -31,22 +31,28 @@ import time
 WORKLOADS = ["llama_train_varlen", "gpt2_generate", "bert_varlen_train", "gpt2_serve_threads"]
 
 
+def train(torch, dev, model, lr, steps, batch):
+    """AdamW steps under bf16 autocast, each on batch()'s inputs."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        inputs = batch()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(dev)
+
+
 def llama_train_varlen(torch, dev, rng):
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
                       num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
                       max_position_embeddings=2048)
-    model = LlamaForCausalLM(cfg).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    for _ in range(12):
-        seq = 64 * rng.randint(2, 16)
-        ids = torch.randint(0, cfg.vocab_size, (8, seq), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(dev)
+    def batch():
+        ids = torch.randint(0, cfg.vocab_size, (8, 64 * rng.randint(2, 16)), device=dev)
+        return {"input_ids": ids, "labels": ids}
+    train(torch, dev, LlamaForCausalLM(cfg).to(dev), 1e-4, 12, batch)
 
 
 def gpt2_generate(torch, dev, rng):
@@ -63,18 +69,11 @@ def gpt2_generate(torch, dev, rng):
 
 def bert_varlen_train(torch, dev, rng):
     from transformers import BertConfig, BertForSequenceClassification
-    model = BertForSequenceClassification(BertConfig(num_labels=4)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
-    for _ in range(15):
-        seq = rng.randint(64, 512)
-        ids = torch.randint(0, 30522, (32, seq), device=dev)
-        labels = torch.randint(0, 4, (32,), device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(dev)
+    def batch():
+        ids = torch.randint(0, 30522, (32, rng.randint(64, 512)), device=dev)
+        return {"input_ids": ids, "labels": torch.randint(0, 4, (32,), device=dev)}
+    train(torch, dev, BertForSequenceClassification(BertConfig(num_labels=4)).to(dev), 2e-5, 15,
+          batch)
 
 
 def gpt2_serve_threads(torch, dev, rng):
