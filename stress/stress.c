@@ -1159,7 +1159,7 @@ static void parse_args(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint64_t x;
+    uint64_t x = 0; /* parse_u64 sets it when ok */
     bool ok = true;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       usage(stdout);
