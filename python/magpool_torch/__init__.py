@@ -68,6 +68,7 @@ def _load():
         lib.magpool_torch_empty_cache.argtypes = [ctypes.c_int]
         lib.magpool_torch_reset_peak.argtypes = [ctypes.c_int]
         lib.magpool_torch_set_oom_handler.argtypes = [ctypes.c_void_p]
+        lib.magpool_torch_set_timing.argtypes = [ctypes.c_int]
         lib.magpool_config_error.restype = ctypes.c_char_p
         _lib = lib
     return _lib
@@ -124,16 +125,23 @@ def _build_oom_helper():
     return so
 
 
-def enable(**config):
+def enable(timing=None, **config):
     """Makes magpool PyTorch's CUDA allocator.  Call before anything
     allocates CUDA memory (PyTorch refuses to swap an allocator in use).
     config: magpool_config_t fields, applied over MAGPOOL_CONF.  Raises
-    ValueError for an unknown field or a bad value."""
+    ValueError for an unknown field or a bad value.  timing=True times the
+    allocator's entry points (memory_stats' magpool.alloc_ns, free_ns,
+    slow_allocs, max_alloc_ns) at two clock reads a call; off by default,
+    or as MAGPOOL_TORCH_TIMING says (None: leave it as it is)."""
     global _enabled, _oom_lib
     lib = _load()
     conf = _conf_string(config)
     if lib.magpool_torch_configure(conf.encode()) != 0:
         raise ValueError("magpool_torch.enable: %s" % lib.magpool_config_error().decode())
+    if isinstance(timing, str):  # from a "key=value" string
+        timing = timing.strip().lower() not in ("", "0", "false", "no", "off")
+    if timing is not None:
+        lib.magpool_torch_set_timing(1 if timing else 0)
     if _enabled:
         return
     import torch
@@ -177,7 +185,8 @@ def memory_stats(device=None):
     peaked), cached_bytes, free_bytes and pending_bytes (magpool_stats_t's,
     now: where reserved memory that holds no live block is), and the time
     spent in the allocator's entry points (alloc_ns, free_ns, slow_allocs
-    over 100 us, max_alloc_ns)."""
+    over 100 us, max_alloc_ns; 0 unless timing is on: enable(timing=True)
+    or MAGPOOL_TORCH_TIMING=1)."""
     st = _Stats()
     if _load().magpool_torch_get_stats(_device_index(device), ctypes.byref(st)) != 0:
         raise ValueError("magpool_torch.memory_stats: bad device %r" % (device,))

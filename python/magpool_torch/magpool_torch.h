@@ -32,10 +32,10 @@ typedef struct magpool_torch_stats {
   uint64_t live_count;        /* live allocations                   */
   uint64_t pool_created;      /* 1 once the device has a pool       */
   uint64_t grow_count;        /* the pool's grow_count              */
-  uint64_t alloc_ns;          /* time spent in magpool_torch_alloc  */
-  uint64_t free_ns;           /* time spent in magpool_torch_free   */
-  uint64_t slow_allocs;       /* allocations that took over 100 us  */
-  uint64_t max_alloc_ns;      /* the longest allocation             */
+  uint64_t alloc_ns;          /* time spent in magpool_torch_alloc, */
+  uint64_t free_ns;           /* in magpool_torch_free, allocations */
+  uint64_t slow_allocs;       /* over 100 us, the longest: counted  */
+  uint64_t max_alloc_ns;      /* while timing is on, else 0         */
   uint64_t chunk_maps;        /* the pool's chunk_maps, chunk_unmaps */
   uint64_t chunk_unmaps;      /* and chunk_moves (magpool_stats_t):  */
   uint64_t chunk_moves;       /* driver calls of tens of us each     */
@@ -72,6 +72,12 @@ MAGPOOL_TORCH_API void magpool_torch_free(void *ptr, ssize_t size, int device,
  * one if it does not parse (magpool_config_error() says why), or
  * MAGPOOL_ENOMEM. */
 MAGPOOL_TORCH_API int magpool_torch_configure(const char *conf);
+
+/* Turns the timing of the entry points on (on != 0) or off: the
+ * alloc_ns, free_ns, slow_allocs and max_alloc_ns statistics, at two
+ * clock reads a call.  Off by default; MAGPOOL_TORCH_TIMING set to a
+ * value other than "0" turns it on unless this was called first. */
+MAGPOOL_TORCH_API void magpool_torch_set_timing(int on);
 
 /* Sets the function called when an allocation fails (it should not
  * return: magpool_torch's throws c10::OutOfMemoryError).  NULL: none. */

@@ -17,6 +17,12 @@
  *   string given to magpool_torch_configure;
  * kind and device are always DEVICE and the allocation's device.
  *
+ * The entry points keep only the counts memory_stats needs (relaxed
+ * atomics).  Timing them (two clock reads a call, the alloc_ns, free_ns,
+ * slow_allocs and max_alloc_ns counters) is off unless MAGPOOL_TORCH_TIMING
+ * is set to a value other than "0" when the library first needs to know,
+ * or magpool_torch_set_timing(1) is called.
+ *
  * Out of memory: the pool is trimmed and the allocation tried once more
  * (num_alloc_retries); if that fails too (num_ooms), the allocation
  * fails.  PyTorch 2.11's CUDAPluggableAllocator does not check a NULL
@@ -33,6 +39,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,8 +113,26 @@ static magpool_t *pool_of(int device) {
 
 /* ------------------------------------------------- the allocator entry */
 
-/* Time spent in the entry points (CLOCK_MONOTONIC, ~20 ns a read): where
- * a training step's allocator time goes. */
+/* Time spent in the entry points (CLOCK_MONOTONIC, 20-30 ns a read): where
+ * a training step's allocator time goes.  Off by default: a call then
+ * reads no clock.  -1: not known yet (MAGPOOL_TORCH_TIMING decides). */
+static _Atomic int timing = -1;
+
+static bool timing_on(void) {
+  int t = atomic_load_explicit(&timing, memory_order_relaxed);
+  if (__builtin_expect(t >= 0, 1)) return t != 0;
+  const char *e = getenv("MAGPOOL_TORCH_TIMING");
+  int want = e != NULL && e[0] != '\0' && strcmp(e, "0") != 0;
+  /* A racing magpool_torch_set_timing wins over the variable. */
+  atomic_compare_exchange_strong_explicit(&timing, &t, want, memory_order_relaxed,
+                                          memory_order_relaxed);
+  return atomic_load_explicit(&timing, memory_order_relaxed) != 0;
+}
+
+SHIM_API void magpool_torch_set_timing(int on) {
+  atomic_store_explicit(&timing, on != 0, memory_order_relaxed);
+}
+
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -139,7 +164,7 @@ static void note_alloc(device_state *d, size_t size) {
 static _Thread_local char last_failure[160];
 
 static void *alloc_impl(ssize_t size, int device, cudaStream_t stream) {
-  uint64_t t0 = now_ns();
+  uint64_t t0 = timing_on() ? now_ns() : 0;
   magpool_t *pool = pool_of(device);
   size_t n = size < 0 ? 0 : (size_t)size;
   void *p = NULL;
@@ -155,7 +180,7 @@ static void *alloc_impl(ssize_t size, int device, cudaStream_t stream) {
     }
     if (p != NULL) {
       note_alloc(d, n);
-      note_time(d, t0);
+      if (t0 != 0) note_time(d, t0);
       return p;
     }
     atomic_fetch_add_explicit(&d->ooms, 1, memory_order_relaxed);
@@ -184,11 +209,11 @@ SHIM_API const char *magpool_torch_last_failure(void) { return last_failure; }
 
 SHIM_API void magpool_torch_free(void *ptr, ssize_t size, int device, cudaStream_t stream) {
   if (ptr == NULL || device < 0 || device >= MAX_DEVICES) return;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = timing_on() ? now_ns() : 0;
   device_state *d = &devs[device];
   magpool_t *pool = atomic_load_explicit(&d->pool, memory_order_acquire);
   int rc = pool != NULL ? magpool_free_async(pool, ptr, stream) : MAGPOOL_EINVAL;
-  atomic_fetch_add_explicit(&d->free_ns, now_ns() - t0, memory_order_relaxed);
+  if (t0 != 0) atomic_fetch_add_explicit(&d->free_ns, now_ns() - t0, memory_order_relaxed);
   if (rc != 0) {
     /* Not ours, or the stream is being captured: nothing to free now. */
     if (atomic_fetch_add_explicit(&d->free_errors, 1, memory_order_relaxed) == 0)

@@ -16,7 +16,9 @@ allocator needs (no record_stream: see magpool_torch's docstring).
         chosen before any CUDA allocation), N times alternating, compares
         the losses bit for bit and prints peak reserved and mean step time
         (steps after --warmup) of each; --magpool-conf lists magpool
-        configurations (';' between them), each run as its own allocator.
+        configurations (';' between them), each run as its own allocator
+        ("timing=1" also times magpool's entry points); --cpus 2-5 runs
+        every child on those CPUs only.
         Exit 1 if the losses differ.
     gpt2_parity.py --compare --ddp --nproc 2
         the same with torchrun and DistributedDataParallel over NCCL, one
@@ -36,7 +38,18 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
                 "NVSHMEM_DISABLE_NVLS": "1"}
 
 
+def cpu_list(text):
+    """"2-5,8" -> {2, 3, 4, 5, 8}."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def child(args):
+    if args.cpus:  # every allocator's run on the same CPUs (docs/benchmarks.md: migration)
+        os.sched_setaffinity(0, cpu_list(args.cpus))
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     for k, v in NO_MULTICAST.items():
         os.environ.setdefault(k, v)
@@ -155,7 +168,7 @@ def launch(args, allocator, out, conf=""):
     me = os.path.abspath(__file__)
     common = ["--child", "--allocator", allocator, "--out", out, "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq),
-              "--magpool-conf", conf]
+              "--magpool-conf", conf, "--cpus", args.cpus]
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1",
                **NO_MULTICAST)
     if args.ddp:
@@ -170,6 +183,15 @@ def launch(args, allocator, out, conf=""):
     if args.ddp:
         return [json.load(open("%s.rank%d.json" % (out, k))) for k in range(args.nproc)]
     return [json.load(open(out))]
+
+
+def timed(st, steps):
+    """The entry points' time a step, if the run timed them (timing=1)."""
+    if st["magpool.alloc_ns"] == 0 and st["magpool.free_ns"] == 0:
+        return "timing=off"
+    return "alloc_ms_per_step=%.2f free_ms_per_step=%.2f slow_allocs=%d max_alloc_ms=%.2f" % (
+        st["magpool.alloc_ns"] / 1e6 / steps, st["magpool.free_ns"] / 1e6 / steps,
+        st["magpool.slow_allocs"], st["magpool.max_alloc_ns"] / 1e6)
 
 
 def compare(args):
@@ -219,25 +241,18 @@ def compare(args):
             st = reps[-1][r].get("magpool_stats")
             if st:
                 print("MAGPOOL allocator=%s rank=%d grow_count=%d chunk_maps=%d chunk_moves=%d "
-                      "pending_at_peak_mib=%.0f alloc_ms_per_step=%.2f "
-                      "free_ms_per_step=%.2f slow_allocs=%d max_alloc_ms=%.2f allocs=%d "
-                      "first_step_ms=%.1f" % (
+                      "pending_at_peak_mib=%.0f %s allocs=%d first_step_ms=%.1f" % (
                           alloc, r, st["magpool.grow_count"], st["magpool.chunk_maps"],
                           st["magpool.chunk_moves"], st.get("magpool.pending_at_peak", 0) / 2**20,
-                          st["magpool.alloc_ns"] / 1e6 / args.steps,
-                          st["magpool.free_ns"] / 1e6 / args.steps, st["magpool.slow_allocs"],
-                          st["magpool.max_alloc_ns"] / 1e6, st["allocation.all.allocated"],
+                          timed(st, args.steps), st["allocation.all.allocated"],
                           reps[-1][r]["step_ms"][0]))
             sd = reps[-1][r].get("magpool_steady")
             if sd:
                 n = args.steps - args.warmup
-                print("MAGPOOL_STEADY allocator=%s rank=%d steps=%d alloc_ms_per_step=%.2f "
-                      "free_ms_per_step=%.2f slow_allocs=%d chunk_maps=%d chunk_moves=%d "
-                      "grow_count=%d" % (
-                          alloc, r, n, sd["magpool.alloc_ns"] / 1e6 / n,
-                          sd["magpool.free_ns"] / 1e6 / n, sd["magpool.slow_allocs"],
-                          sd["magpool.chunk_maps"], sd["magpool.chunk_moves"],
-                          sd["magpool.grow_count"]))
+                print("MAGPOOL_STEADY allocator=%s rank=%d steps=%d %s chunk_maps=%d "
+                      "chunk_moves=%d grow_count=%d" % (
+                          alloc, r, n, timed(sd, n), sd["magpool.chunk_maps"],
+                          sd["magpool.chunk_moves"], sd["magpool.grow_count"]))
             se = reps[-1][r].get("step_ends")
             if se:  # after the last step: where the reserved memory is
                 print("MAGPOOL_END allocator=%s rank=%d reserved_mib=%.0f allocated_mib=%.0f "
@@ -255,6 +270,8 @@ def main():
     ap.add_argument("--allocator", choices=["torch", "magpool"], default="torch")
     ap.add_argument("--out", default="gpt2_parity_out")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--cpus", default="",
+                    help="run every child on these CPUs only (\"2-5,8\"); default: any")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)

@@ -4,8 +4,10 @@
 # PyTorch"), from the repository root:
 #
 #   gpu_checks.sh single   build (tools/offline-gpu/device-run.sh build),
-#                          (REPEAT, PARITY_CONFS: gpt2_parity.py's --repeat
-#                          and --magpool-conf; SKIP_BENCH=1: no bench;
+#                          (REPEAT, PARITY_CONFS, PARITY_CPUS: gpt2_parity.py's
+#                          --repeat, --magpool-conf (default ";timing=1": the
+#                          module's defaults, untimed and timed) and --cpus;
+#                          SKIP_BENCH=1: no bench;
 #                          TRACE_RUN=1: one more magpool run recording a
 #                          trace to $OUT; BASE_DIR: a source tree whose
 #                          bench to build and run beside this one)
@@ -47,7 +49,7 @@ if [[ $mode == single ]]; then
   readelf -d $B/install-test-prefix/lib/libmagpool.so | grep -E 'NEEDED|FLAGS|RUNPATH'
   stamp parity
   python3 python/tests/gpt2_parity.py --compare --repeat "${REPEAT:-2}" --out "$OUT/parity" \
-     --magpool-conf "${PARITY_CONFS:-}" \
+     --magpool-conf "${PARITY_CONFS-;timing=1}" --cpus "${PARITY_CPUS:-}" \
      2>&1 | tee "$OUT/parity.log" | grep -E "^(RESULT|SUMMARY|MAGPOOL|gpt2_parity)" || rc=1
   if [[ -n ${TRACE_RUN:-} ]]; then
     stamp traced magpool run

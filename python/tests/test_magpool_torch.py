@@ -8,7 +8,8 @@ then checks the trace.  The child:
   - computes on the default (legacy) stream and on a side stream, with the
     synchronisation a pluggable allocator needs (no record_stream);
   - checks memory_stats(): the keys, allocated bytes following tensors,
-    reserved bytes at least the pool size;
+    reserved bytes at least the pool size, the entry points untimed by
+    default and timed after enable(timing=True);
   - asks for more than max_pool_size: torch.OutOfMemoryError, counted in
     num_ooms, and allocation works afterwards (in a child without trace);
   - empty_cache() and reset_peak_memory_stats().
@@ -41,6 +42,14 @@ def child():
     check(st["magpool.pool_created"] == 1, "pool created on first use")
     check(st["allocated_bytes.all.current"] >= 4 << 20, "allocated follows tensors: %r" % st)
     check(st["reserved_bytes.all.current"] >= 256 << 20, "reserved >= pool_size: %r" % st)
+    check(st["magpool.alloc_ns"] == 0 and st["magpool.free_ns"] == 0,
+          "entry points untimed by default: %r" % st)
+    mt.enable(timing=True, pool_size="256M", thread_cache_bytes="4M", max_pool_size="2G")
+    z = torch.empty(1 << 20, device="cuda")
+    del z
+    st = mt.memory_stats()
+    check(st["magpool.alloc_ns"] > 0 and st["magpool.free_ns"] > 0,
+          "enable(timing=True) times the entry points: %r" % st)
     y = x @ x
     ref = (x.double().cpu() @ x.double().cpu()).float()
     check(torch.allclose(y.cpu(), ref, rtol=1e-3, atol=1e-2), "matmul through magpool memory")

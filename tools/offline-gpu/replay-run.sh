@@ -5,14 +5,18 @@
 # cudaMalloc's footprint + 2 %.  Needs a build with CUDA
 # (tools/offline-gpu/device-run.sh makes one).  TRACE_DIR: the traces to
 # replay (default tests/data/traces; record-workloads.py records more).
+# PIN_CPU=N: every replay, each allocator's alike, runs on CPU N only
+# (taskset): on a many-CPU virtual machine a process that migrates
+# between CPUs runs allocator code up to 1.6x slower (docs/benchmarks.md).
 set -u
 B=${1:-build-dev}
 OUT=${2:-out}
 T=${TRACE_DIR:-$(dirname "$0")/../../tests/data/traces}
 R=$B/bench/magpool-replay
+P=${PIN_CPU:+taskset -c $PIN_CPU}
 mkdir -p "$OUT"
 for m in sync async; do
-  timeout 240 "$R" "$T"/*.trace.gz --kind device --mode "$m" --allocator all --stats
+  timeout 240 $P "$R" "$T"/*.trace.gz --kind device --mode "$m" --allocator all --stats
 done >"$OUT/replay.log" 2>&1
 # The cap runs: cudaMalloc's peak reserved (sync, pass 1) + 2 %, per trace
 # (%.0f: some awks print %d of a number past 2^31 as 2147483647).
@@ -22,7 +26,7 @@ grep '^REPLAY' "$OUT/replay.log" | grep 'allocator=cudaMalloc mode=sync pass=1 '
   while read -r name peak; do
     cap=$(awk -v p="$peak" 'BEGIN { printf "%.0f", p * 1.02 }')
     for m in sync async; do
-      timeout 120 "$R" "$T/$name.trace.gz" --kind device --mode "$m" --cap "$cap"
+      timeout 120 $P "$R" "$T/$name.trace.gz" --kind device --mode "$m" --cap "$cap"
     done
   done >"$OUT/replay-cap.log" 2>&1
 grep -hE "^(REPLAY|STATS)" "$OUT/replay.log" "$OUT/replay-cap.log"
