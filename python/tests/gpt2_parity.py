@@ -189,9 +189,12 @@ def timed(st, steps):
     """The entry points' time a step, if the run timed them (timing=1)."""
     if st["magpool.alloc_ns"] == 0 and st["magpool.free_ns"] == 0:
         return "timing=off"
-    return "alloc_ms_per_step=%.2f free_ms_per_step=%.2f slow_allocs=%d max_alloc_ms=%.2f" % (
+    line = "alloc_ms_per_step=%.2f free_ms_per_step=%.2f slow_allocs=%d" % (
         st["magpool.alloc_ns"] / 1e6 / steps, st["magpool.free_ns"] / 1e6 / steps,
-        st["magpool.slow_allocs"], st["magpool.max_alloc_ns"] / 1e6)
+        st["magpool.slow_allocs"])
+    if "magpool.max_alloc_ns" in st:  # not in the steady steps' differences
+        line += " max_alloc_ms=%.2f" % (st["magpool.max_alloc_ns"] / 1e6)
+    return line
 
 
 def compare(args):
