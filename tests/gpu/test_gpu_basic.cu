@@ -23,6 +23,9 @@
 #include <cuda_runtime.h>
 #include <magpool.h>
 
+#define GPU_TEST "gpu_basic"
+#include "gpu_check.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -35,41 +38,6 @@
 #include <vector>
 
 namespace {
-
-int g_fail = 0;
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "gpu_basic: FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #x,  \
-                   cudaGetErrorString(e_));                                            \
-      std::fflush(stdout);                                                             \
-      _exit(1);                                                                        \
-    }                                                                                  \
-  } while (0)
-
-#define EXPECT(c, ...)                                                                 \
-  do {                                                                                 \
-    if (!(c)) {                                                                        \
-      std::printf("gpu_basic: FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);              \
-      std::printf(__VA_ARGS__);                                                        \
-      std::printf("\n");                                                               \
-      g_fail++;                                                                        \
-    }                                                                                  \
-  } while (0)
-
-// Fatal variant: later steps would crash without it.  Evaluates c once.
-#define REQUIRE(c, ...)                                                                \
-  do {                                                                                 \
-    if (!(c)) {                                                                        \
-      std::printf("%s: FAIL %s:%d: %s: ", "gpu_basic", __FILE__, __LINE__, #c);        \
-      std::printf(__VA_ARGS__);                                                        \
-      std::printf("\n");                                                               \
-      std::fflush(stdout);                                                             \
-      _exit(1);                                                                        \
-    }                                                                                  \
-  } while (0)
 
 __global__ void k_fill(uint32_t *p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

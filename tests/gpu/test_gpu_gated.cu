@@ -28,6 +28,9 @@
 #include <cuda_runtime.h>
 #include <magpool.h>
 
+#define GPU_TEST "gpu_gated"
+#include "gpu_check.h"
+
 #include <pthread.h>
 #include <unistd.h>
 
@@ -41,8 +44,6 @@
 #include <vector>
 
 namespace {
-
-int g_fail = 0;
 
 // MAGPOOL_TEST_TRACE=1: timestamped progress on stderr (to see where a run
 // waits, e.g. for a gated stream).
@@ -59,39 +60,6 @@ const bool g_trace = std::getenv("MAGPOOL_TEST_TRACE") != nullptr;
       std::fprintf(stderr, "[%8.3f] ", now_s() - g_t0);                                \
       std::fprintf(stderr, __VA_ARGS__);                                               \
       std::fprintf(stderr, "\n");                                                      \
-    }                                                                                  \
-  } while (0)
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "gpu_gated: FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #x,  \
-                   cudaGetErrorString(e_));                                            \
-      std::fflush(stdout);                                                             \
-      _exit(1);                                                                        \
-    }                                                                                  \
-  } while (0)
-
-#define EXPECT(c, ...)                                                                 \
-  do {                                                                                 \
-    if (!(c)) {                                                                        \
-      std::printf("gpu_gated: FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);              \
-      std::printf(__VA_ARGS__);                                                        \
-      std::printf("\n");                                                               \
-      g_fail++;                                                                        \
-    }                                                                                  \
-  } while (0)
-
-// Fatal variant: later steps would crash without it.  Evaluates c once.
-#define REQUIRE(c, ...)                                                                \
-  do {                                                                                 \
-    if (!(c)) {                                                                        \
-      std::printf("%s: FAIL %s:%d: %s: ", "gpu_gated", __FILE__, __LINE__, #c);        \
-      std::printf(__VA_ARGS__);                                                        \
-      std::printf("\n");                                                               \
-      std::fflush(stdout);                                                             \
-      _exit(1);                                                                        \
     }                                                                                  \
   } while (0)
 

@@ -1,0 +1,57 @@
+// gpu_check.h - the checks of the CUDA tests that count their failures
+// (test_gpu_basic.cu, test_gpu_gated.cu).  Define GPU_TEST, the name the
+// messages start with, before including it.
+//
+//   CK(x)            a CUDA runtime call that must succeed, else exit 1
+//   EXPECT(c, ...)   c must hold, else a message and one more failure
+//   REQUIRE(c, ...)  c must hold, else a message and exit 1 (later steps
+//                    would crash without it); evaluates c once
+//
+// g_fail counts the failures; main returns g_fail ? 1 : 0.
+#ifndef MAGPOOL_TESTS_GPU_CHECK_H
+#define MAGPOOL_TESTS_GPU_CHECK_H
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#ifndef GPU_TEST
+#error "define GPU_TEST (the test's name) before including gpu_check.h"
+#endif
+
+static int g_fail = 0;
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, GPU_TEST ": FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #x,  \
+                   cudaGetErrorString(e_));                                            \
+      std::fflush(stdout);                                                             \
+      _exit(1);                                                                        \
+    }                                                                                  \
+  } while (0)
+
+#define EXPECT(c, ...)                                                                 \
+  do {                                                                                 \
+    if (!(c)) {                                                                        \
+      std::printf(GPU_TEST ": FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);              \
+      std::printf(__VA_ARGS__);                                                        \
+      std::printf("\n");                                                               \
+      g_fail++;                                                                        \
+    }                                                                                  \
+  } while (0)
+
+#define REQUIRE(c, ...)                                                                \
+  do {                                                                                 \
+    if (!(c)) {                                                                        \
+      std::printf(GPU_TEST ": FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);              \
+      std::printf(__VA_ARGS__);                                                        \
+      std::printf("\n");                                                               \
+      std::fflush(stdout);                                                             \
+      _exit(1);                                                                        \
+    }                                                                                  \
+  } while (0)
+
+#endif
