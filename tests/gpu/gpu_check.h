@@ -1,6 +1,6 @@
-// gpu_check.h - the checks of the CUDA tests that count their failures
-// (test_gpu_basic.cu, test_gpu_gated.cu).  Define GPU_TEST, the name the
-// messages start with, before including it.
+// gpu_check.h - the checks of the GPU tests that count their failures
+// (test_gpu_basic.cu, test_gpu_gated.cu, test_gpu_vmm.c; C or C++).
+// Define GPU_TEST, the name the messages start with, before including it.
 //
 //   CK(x)            a CUDA runtime call that must succeed, else exit 1
 //   EXPECT(c, ...)   c must hold, else a message and one more failure
@@ -12,9 +12,8 @@
 #define MAGPOOL_TESTS_GPU_CHECK_H
 
 #include <cuda_runtime.h>
+#include <stdio.h>
 #include <unistd.h>
-
-#include <cstdio>
 
 #ifndef GPU_TEST
 #error "define GPU_TEST (the test's name) before including gpu_check.h"
@@ -22,36 +21,36 @@
 
 static int g_fail = 0;
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, GPU_TEST ": FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #x,  \
-                   cudaGetErrorString(e_));                                            \
-      std::fflush(stdout);                                                             \
-      _exit(1);                                                                        \
-    }                                                                                  \
+#define CK(x)                                                                  \
+  do {                                                                         \
+    cudaError_t e_ = (x);                                                      \
+    if (e_ != cudaSuccess) {                                                   \
+      fprintf(stderr, GPU_TEST ": FAIL %s:%d: %s: %s\n", __FILE__, __LINE__,   \
+              #x, cudaGetErrorString(e_));                                     \
+      fflush(stdout);                                                          \
+      _exit(1);                                                                \
+    }                                                                          \
   } while (0)
 
-#define EXPECT(c, ...)                                                                 \
-  do {                                                                                 \
-    if (!(c)) {                                                                        \
-      std::printf(GPU_TEST ": FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);              \
-      std::printf(__VA_ARGS__);                                                        \
-      std::printf("\n");                                                               \
-      g_fail++;                                                                        \
-    }                                                                                  \
+#define EXPECT(c, ...)                                                         \
+  do {                                                                         \
+    if (!(c)) {                                                                \
+      printf(GPU_TEST ": FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);           \
+      printf(__VA_ARGS__);                                                     \
+      printf("\n");                                                            \
+      g_fail++;                                                                \
+    }                                                                          \
   } while (0)
 
-#define REQUIRE(c, ...)                                                                \
-  do {                                                                                 \
-    if (!(c)) {                                                                        \
-      std::printf(GPU_TEST ": FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);              \
-      std::printf(__VA_ARGS__);                                                        \
-      std::printf("\n");                                                               \
-      std::fflush(stdout);                                                             \
-      _exit(1);                                                                        \
-    }                                                                                  \
+#define REQUIRE(c, ...)                                                        \
+  do {                                                                         \
+    if (!(c)) {                                                                \
+      printf(GPU_TEST ": FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);           \
+      printf(__VA_ARGS__);                                                     \
+      printf("\n");                                                            \
+      fflush(stdout);                                                          \
+      _exit(1);                                                                \
+    }                                                                          \
   } while (0)
 
 #endif

@@ -28,35 +28,8 @@
 
 #include "../../src/internal.h"
 
-static int g_fail;
-
-#define EXPECT(c, ...)                                                         \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      printf("gpu_vmm: FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);             \
-      printf(__VA_ARGS__);                                                     \
-      printf("\n");                                                            \
-      g_fail++;                                                                \
-    }                                                                          \
-  } while (0)
-
-/* Fatal: later steps would crash without it. */
-#define REQUIRE(c, ...)                                                        \
-  do {                                                                         \
-    if (!(c)) {                                                                \
-      printf("gpu_vmm: FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);             \
-      printf(__VA_ARGS__);                                                     \
-      printf("\n");                                                            \
-      fflush(stdout);                                                          \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-#define CK(x)                                                                  \
-  do {                                                                         \
-    cudaError_t e_ = (x);                                                      \
-    REQUIRE(e_ == cudaSuccess, "%s", cudaGetErrorString(e_));                  \
-  } while (0)
+#define GPU_TEST "gpu_vmm"
+#include "gpu_check.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
