@@ -6,8 +6,8 @@
 # (tools/offline-gpu/device-run.sh makes one).  TRACE_DIR: the traces to
 # replay (default tests/data/traces; record-workloads.py records more).
 # Each trace x allocator x mode runs in a process of its own, as a
-# program would start: in one process (--allocator all) an allocator's
-# cold pass pays for the state the earlier ones left in the driver
+# program would start: in one process (--allocator all), after the other
+# allocators had run, magpool's cold passes read up to 1.8x slower
 # (docs/benchmarks.md, 2026-12-02).  ROUNDS=N (default 1) runs each N
 # times, the allocators in turn.  PIN_CPU=N: every replay, each
 # allocator's alike, runs on CPU N only (taskset): on a many-CPU virtual
