@@ -108,4 +108,15 @@ static inline size_t mp_max_relaxed_size(_Atomic size_t *p, size_t v) {
   return v > cur ? v : cur;
 }
 
+/* A word lock (test-and-test-and-set): 0 free, 1 held.  For short leaf
+ * critical sections, where a pthread mutex's call and bookkeeping cost
+ * more than the section (runs.c, park.c); the caller's loop decides how
+ * to wait.  ACQUIRE on success pairs with mp_word_unlock's RELEASE: the
+ * last holder's writes are visible to the next. */
+static inline int mp_word_trylock(_Atomic int *w) {
+  int z = 0;
+  return mp_load_relaxed(w) == 0 && mp_cas_strong_acquire(w, &z, 1);
+}
+#define mp_word_unlock(w) mp_store_release((w), 0)
+
 #endif /* MAGPOOL_ATOMIC_H */

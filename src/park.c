@@ -54,17 +54,15 @@
 
 /* The park's locks (lock, flock): test-and-test-and-set words. */
 static void word_lock(mp_park *k, _Atomic int *w) {
-  for (unsigned spins = 0;; spins++) {
-    int z = 0;
-    /* ACQUIRE: pairs with word_unlock's RELEASE; the last holder's
-     * writes (magazines, counts, fence ranges) are visible to us. */
-    if (mp_load_relaxed(w) == 0 && mp_cas_strong_acquire(w, &z, 1)) return;
+  /* ACQUIRE: the last holder's writes (magazines, counts, fence ranges)
+   * are visible to us. */
+  for (unsigned spins = 0; !mp_word_trylock(w); spins++) {
     MP_HOOK(MP_HOOK_PARK_WAIT, k);
     if (spins >= 64) sched_yield();
   }
 }
 
-static void word_unlock(_Atomic int *w) { mp_store_release(w, 0); }
+static void word_unlock(_Atomic int *w) { mp_word_unlock(w); }
 static void park_lock(mp_park *k) { word_lock(k, &k->lock); }
 static void park_unlock(mp_park *k) { word_unlock(&k->lock); }
 

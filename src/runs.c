@@ -16,19 +16,28 @@
  *     go to the shorter run, then the lower address.
  * The long tail of never-used space is one free run like the others, with
  * no mapped chunk: it is taken only when nothing scores higher.
- * One mutex: large allocations are rare next to small ones, and each
- * costs a scan of the free runs, not a system call.
+ * One lock, a word (runs_lock): large allocations are rare next to small
+ * ones, and each costs a scan of the free runs, not a system call; a
+ * pthread mutex cost 15 % of a warm replay (docs/benchmarks.md).
  * Fenced free runs (runs.h): a take that may not use a fenced chunk
  * looks at the pieces of each free run between such chunks.
  */
 #include "runs.h"
 
-#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #define NIL UINT32_MAX
 /* Free runs looked at per request, at most (longest lists first). */
 #define MP_RUN_SCAN 256
+
+/* The lock (mp_word_trylock): every section is a few list operations
+ * or a bounded scan, and calls nothing. */
+static void runs_lock(mp_runs *r) {
+  for (unsigned spins = 0; !mp_word_trylock(&r->lock); spins++)
+    if (spins >= 64) sched_yield();
+}
+static void runs_unlock(mp_runs *r) { mp_word_unlock(&r->lock); }
 
 static inline uint32_t bin_of(uint32_t len) { return len < MP_RUN_BINS ? len : 0; }
 
@@ -198,7 +207,7 @@ static void consider_run(const magpool_t *pool, pick *b, uint32_t s, uint32_t le
 int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner) {
   mp_runs *r = &pool->chunks->runs;
   if (m == 0 || m > r->n) return -1;
-  pthread_mutex_lock(r->lock);
+  runs_lock(r);
   bool same = mp_load_relaxed(&r->taker) == owner; /* the run of takes by one owner */
   mp_store_relaxed(&r->takes, same ? mp_load_relaxed(&r->takes) + 1 : 1);
   if (!same) mp_store_relaxed(&r->taker, owner);
@@ -217,7 +226,7 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner) {
     for (uint32_t s = r->bin[0], k = 0; s != NIL && k < MP_RUN_SCAN; s = r->next[s], k++)
       if (r->head[s] >= m) consider_run(pool, &b, s, r->head[s], m, owner);
   if (!b.found) {
-    pthread_mutex_unlock(r->lock);
+    runs_unlock(r);
     return -1;
   }
 take:;
@@ -229,7 +238,7 @@ take:;
   if (mp_load_relaxed(&r->nfenced) != 0)
     for (uint32_t k = b.at; k < b.at + m; k++)
       if (fbit(r, k)) fbit_put(r, k, false);
-  pthread_mutex_unlock(r->lock);
+  runs_unlock(r);
   return (int64_t)b.at;
 }
 
@@ -252,20 +261,20 @@ static void insert(mp_runs *r, uint32_t s, uint32_t m) {
 
 void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
   mp_runs *r = &pool->chunks->runs;
-  pthread_mutex_lock(r->lock);
+  runs_lock(r);
   for (uint32_t k = s; k < s + m; k++) {
     r->tag[k] = 0;
     rbit_put(r, k, false);
   }
   insert(r, s, m);
-  pthread_mutex_unlock(r->lock);
+  runs_unlock(r);
 }
 
 void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m) {
   mp_chunks *c = pool->chunks;
   mp_runs *r = &c->runs;
   uint64_t down = 0;
-  pthread_mutex_lock(r->lock);
+  runs_lock(r);
   for (uint32_t k = s; k < s + m; k++)
     if (r->tag[k] != 0) {
       fbit_put(r, k, true);
@@ -275,22 +284,22 @@ void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m) {
     }
   mp_fetch_sub_relaxed(&c->nbusy, down);
   insert(r, s, m);
-  pthread_mutex_unlock(r->lock);
+  runs_unlock(r);
 }
 
 uint32_t mp_runs_tag(magpool_t *pool) {
   mp_runs *r = &pool->chunks->runs;
-  pthread_mutex_lock(r->lock);
+  runs_lock(r);
   uint32_t t = ++r->next_tag;
   if (t == 0) t = ++r->next_tag;
-  pthread_mutex_unlock(r->lock);
+  runs_unlock(r);
   return t;
 }
 
 void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
                    bool retired) {
   mp_runs *r = &pool->chunks->runs;
-  pthread_mutex_lock(r->lock);
+  runs_lock(r);
   for (uint32_t k = s; k < s + m; k++) {
     r->tag[k] = tag;
     r->owner[k] = owner;
@@ -298,14 +307,14 @@ void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64
     fbit_put(r, k, true);
   }
   insert(r, s, m);
-  pthread_mutex_unlock(r->lock);
+  runs_unlock(r);
 }
 
 void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag) {
   mp_chunks *c = pool->chunks;
   mp_runs *r = &c->runs;
   uint64_t down = 0;
-  pthread_mutex_lock(r->lock);
+  runs_lock(r);
   for (uint32_t i = 0; i < n; i++)
     for (uint32_t k = fr[2 * i]; k < fr[2 * i] + fr[2 * i + 1]; k++) {
       if (r->tag[k] != tag) continue; /* taken and given again since */
@@ -320,16 +329,16 @@ void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t t
       down++;
     }
   mp_fetch_sub_relaxed(&c->nbusy, down);
-  pthread_mutex_unlock(r->lock);
+  runs_unlock(r);
 }
 
 void mp_runs_retire(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag) {
   mp_runs *r = &pool->chunks->runs;
-  pthread_mutex_lock(r->lock);
+  runs_lock(r);
   for (uint32_t i = 0; i < n; i++)
     for (uint32_t k = fr[2 * i]; k < fr[2 * i] + fr[2 * i + 1]; k++)
       if (r->tag[k] == tag) rbit_put(r, k, true); /* taken ones too: a putback */
-  pthread_mutex_unlock(r->lock);
+  runs_unlock(r);
 }
 
 uint64_t mp_runs_fenced_bytes(const magpool_t *pool, bool retired) {
@@ -349,13 +358,12 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   r->owner = calloc(n, sizeof *r->owner);
   r->fbits = calloc((n + 63) / 64, sizeof *r->fbits);
   r->rbits = calloc((n + 63) / 64, sizeof *r->rbits);
-  r->lock = malloc(sizeof(pthread_mutex_t));
-  if (r->head == NULL || r->tail == NULL || r->next == NULL || r->prev == NULL || r->lock == NULL ||
+  if (r->head == NULL || r->tail == NULL || r->next == NULL || r->prev == NULL ||
       r->tag == NULL || r->owner == NULL || r->fbits == NULL || r->rbits == NULL) {
     mp_runs_fini(pool);
     return MAGPOOL_ENOMEM;
   }
-  pthread_mutex_init(r->lock, NULL);
+  mp_store_relaxed(&r->lock, 0);
   for (unsigned b = 0; b < MP_RUN_BINS; b++) r->bin[b] = NIL;
   for (unsigned w = 0; w < MP_RUN_BINS / 64; w++) r->full[w] = 0;
   r->free_chunks = 0;
@@ -376,11 +384,8 @@ void mp_runs_fini(magpool_t *pool) {
   free(r->owner);
   free(r->fbits);
   free(r->rbits);
-  if (r->lock != NULL) pthread_mutex_destroy(r->lock);
-  free(r->lock);
   r->head = r->tail = r->next = r->prev = r->tag = NULL;
   r->owner = r->fbits = r->rbits = NULL;
-  r->lock = NULL;
 }
 
 /* Free runs against the blocks out: each run space chunk is in exactly

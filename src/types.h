@@ -197,7 +197,7 @@ typedef struct mp_runs {
   uint32_t *head, *tail, *next, *prev;
   uint32_t bin[MP_RUN_BINS];
   uint64_t full[MP_RUN_BINS / 64]; /* bit L set <=> bin[L] != UINT32_MAX  */
-  uint64_t free_chunks;  void *lock; /* pthread_mutex_t *              */
+  uint64_t free_chunks;  _Atomic int lock; /* TTAS word: runs.c         */
   uint32_t *tag, next_tag;  /* fenced free runs (above)                 */
   uint64_t *owner, *fbits, *rbits;     /* rbits: behind the stream   */
   _Atomic uint64_t nfenced, nretired, taker, takes; /* |fbits|, |fbits & rbits|;
