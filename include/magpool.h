@@ -132,14 +132,19 @@ typedef struct magpool_config {
   size_t cache_max_block;    /* blocks larger than this bypass the caches;
                                 default 1 MiB                              */
   size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks
-                                it freed on one stream, for reuse on that
-                                stream, before a batch is retired to the
-                                pool behind the stream; default 8 MiB.
-                                Each stream also keeps blocks any thread
-                                freed on it for every thread's reuse on
-                                it: this many bytes of small blocks, and
-                                up to max(this, pool_size / 8) of blocks
-                                larger than cache_max_block (counted as
+                                it freed on streams, for reuse on the
+                                stream each was freed on, before a batch
+                                is retired to the pool behind the stream;
+                                default 8 MiB, shared equally by the
+                                streams the thread has used (until their
+                                magpool_stream_release).  The streams
+                                also keep blocks any
+                                thread freed on them for every thread's
+                                reuse there: this many bytes of small
+                                blocks, and up to max(this, pool_size / 8)
+                                of blocks larger than cache_max_block,
+                                each total shared equally by the streams
+                                the pool knows (counted as
                                 magpool_usable_size counts them; on
                                 chunked pools, blocks of a chunk or more
                                 are not kept but fenced, see

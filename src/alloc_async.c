@@ -206,7 +206,7 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
 
 /* The free fast path proper: true if it freed ptr into the thread's slot.
  * No calls, so the inline caller needs no stack frame. */
-MP_INLINE bool free_async_hit(magpool_t *pool, mp_tcache *tc, void *ptr) {
+MP_INLINE bool free_async_hit(mp_tcache *tc, void *ptr) {
   _Atomic uint32_t *h = mp_tcache_r0_hdr(tc, ptr);
   if (MP_UNLIKELY(h == NULL)) return false;
   uint32_t w = mp_hdr_read(h);
@@ -217,8 +217,7 @@ MP_INLINE bool free_async_hit(magpool_t *pool, mp_tcache *tc, void *ptr) {
   size_t bs = (size_t)1 << (order + tc->shift);
   mp_mag *m = sl->mag[order];
   if (MP_UNLIKELY(m == NULL || m->count >= m->cap ||
-                  mp_load_relaxed(&sl->bytes) + (int64_t)bs >
-                      (int64_t)pool->cfg.stream_cache_bytes)) {
+                  mp_load_relaxed(&sl->bytes) + (int64_t)bs > tc->s_limit)) {
     mp_slot_exit_owner(sl);
     return false;
   }
@@ -238,7 +237,7 @@ MP_INLINE bool free_async_hit(magpool_t *pool, mp_tcache *tc, void *ptr) {
 static MP_NOINLINE int free_async_capture(magpool_t *pool, mp_tcache *tc, void *ptr,
                                           magpool_stream_t s) {
   int cap = mp_capture_rc(pool, s);
-  if (cap == 0 && free_async_hit(pool, tc, ptr)) return 0;
+  if (cap == 0 && free_async_hit(tc, ptr)) return 0;
   return free_async_full(pool, ptr, s, cap == 0);
 }
 
@@ -246,7 +245,7 @@ static inline int free_async_impl(magpool_t *pool, void *ptr, magpool_stream_t s
   mp_tcache *tc = mp_tls_last;
   if (MP_LIKELY(memo_hit(pool, tc, s))) {
     if (MP_UNLIKELY(tc->s_check_capture)) return free_async_capture(pool, tc, ptr, s);
-    if (MP_LIKELY(free_async_hit(pool, tc, ptr))) return 0;
+    if (MP_LIKELY(free_async_hit(tc, ptr))) return 0;
   }
   return free_async_full(pool, ptr, s, false);
 }

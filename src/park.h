@@ -72,7 +72,8 @@ bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size);
  * (passed_hint) are asked about first.  Never waits.  Nothing if s is
  * capturing.  The caller holds a use of e. */
 void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s);
-/* The most bytes a park keeps of blocks of `order` (see park.c). */
+/* The most bytes a park keeps of blocks of `order`: its kind's budget
+ * over the pool's live streams (see park.c). */
 int64_t mp_park_budget(const magpool_t *pool, unsigned order);
 
 #endif /* MAGPOOL_PARK_H */

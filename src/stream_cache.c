@@ -122,6 +122,15 @@ static void slot_free_rcu(struct rcu_head *h) {
   free(sn);
 }
 
+/* The thread's slots share stream_cache_bytes: each keeps at most
+ * s_limit bytes of its own frees (the free fast path and
+ * mp_slot_push_owner), so a thread that frees on many streams holds no
+ * more than one that frees on one.  Owner only. */
+static void slots_changed(mp_tcache *tc, int d) {
+  tc->s_nslots += d;
+  tc->s_limit = (int64_t)(tc->pool->cfg.stream_cache_bytes / (tc->s_nslots > 0 ? tc->s_nslots : 1));
+}
+
 /* The owner's slot in e, made on first use (then counted as a use of e).
  * NULL if e was released meanwhile (*dead set) or out of host memory.
  * Owner only, inside a read-side section; takes the entry lock to push a
@@ -149,6 +158,7 @@ static mp_sslot *slot_of_owner(mp_sentry *e, mp_tcache *tc, bool *dead) {
   mp_entry_unlock(e);
   sl->tnext = tc->s_slots;
   tc->s_slots = sl;
+  slots_changed(tc, 1);
   return sl;
 }
 
@@ -164,6 +174,7 @@ static void sweep_closed_owner(magpool_t *pool, mp_tcache *tc) {
       continue;
     }
     *link = sl->tnext;
+    slots_changed(tc, -1);
     if (tc->s_slot == sl) tc->s_slot = NULL;
     mp_sentry *e = sl->e;
     mp_entry_lock(e);
@@ -233,7 +244,14 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
     sl->full[order] = m;
     m = NULL;
   }
-  if (m == NULL) m = sl->mag[order] = mp_mag_new_cap(pool, order, pool->s_mag_cap[order]);
+  if (m == NULL) {
+    /* A magazine no larger than the slot's share, so that the share
+     * overflows a full magazine at a time, not the slot's whole cache. */
+    uint32_t cap = pool->s_mag_cap[order];
+    int64_t fit = sl->owner->s_limit / (int64_t)mp_block_bytes(pool, order);
+    if (fit < (int64_t)cap) cap = fit > 1 ? (uint32_t)fit : 1;
+    m = sl->mag[order] = mp_mag_new_cap(pool, order, cap);
+  }
   if (m == NULL) {
     mp_slot_exit_owner(sl);
     return false;
@@ -241,8 +259,20 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
   m->slot[m->count++] = p;
   mp_slot_bytes_add(sl, (int64_t)mp_block_bytes(pool, order));
   mp_mag *chain = NULL;
-  if (mp_load_relaxed(&sl->bytes) > (int64_t)pool->cfg.stream_cache_bytes)
+  /* Over its share: the full magazines go, and the partial ones too if
+   * that is not enough (they were sized for the whole budget). */
+  if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) {
     chain = slot_take_full(pool, sl);
+    if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) {
+      mp_mag *rest = slot_take_all(pool, sl);
+      if (chain == NULL) chain = rest;
+      else if (rest != NULL) {
+        mp_mag *t = chain;
+        while (mp_load_relaxed(&t->next) != NULL) t = mp_load_relaxed(&t->next);
+        mp_store_relaxed(&t->next, rest);
+      }
+    }
+  }
   mp_slot_exit_owner(sl);
   /* The overflow goes to the stream's park, where any thread's
    * allocations on s reuse it; the park batches the retires. */

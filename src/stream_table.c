@@ -98,6 +98,7 @@ int mp_stream_table_init(magpool_t *pool) {
     return MAGPOOL_ENOMEM;
   }
   pthread_mutex_init(&ss->dead_lock, NULL);
+  mp_atomic_init(&ss->nlive, 0);
   pool->streams = ss;
   return 0;
 }
@@ -151,6 +152,7 @@ mp_sentry *mp_entry_find_rcu(magpool_t *pool, uint64_t key, magpool_stream_t h, 
    * any lookup that finds it (rcu_assign_pointer, RELEASE). */
   n = cds_lfht_add_unique(ht, hash_key(key), match_key, &key, &en->node);
   if (n != &en->node) free(en); /* another thread created it first */
+  else mp_fetch_add_relaxed(&pool->streams->nlive, 1);
   return &caa_container_of(n, ent_node, node)->e;
 }
 
@@ -160,6 +162,7 @@ void mp_entry_release_locked(magpool_t *pool, mp_sentry *e) {
   mp_streams *ss = pool->streams;
   mp_store_release(&e->sid, 0);
   (void)cds_lfht_del(ss->ht, &node_of(e)->node);
+  mp_fetch_sub_relaxed(&ss->nlive, 1);
   pthread_mutex_lock(&ss->dead_lock);
   e->dead_next = ss->dead;
   ss->dead = e;

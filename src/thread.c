@@ -105,6 +105,7 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
       tc->pool = pool;
       tc->uid = pool->uid;
       tc->limit = pool->cfg.thread_cache_bytes;
+      tc->s_limit = (int64_t)pool->cfg.stream_cache_bytes; /* no slot yet */
       tc->shift = pool->min_shift;
       tc->r0_base = pool->regions[0]->base;
       tc->r0_bytes = (size_t)pool->regions[0]->hdr_split << pool->min_shift; /* not run space */

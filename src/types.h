@@ -92,8 +92,7 @@ typedef struct mp_source_ops {
 typedef struct mp_stream_ops {
   /* The stream's id, unique for the life of the process. */
   int (*get_id)(void *dev, magpool_stream_t s, uint64_t *id);
-  /* Runs fn(arg, status) once all work queued on s so far has finished;
-   * fn must not call CUDA. */
+  /* Runs fn(arg, status) once all work queued on s has finished (no CUDA in fn). */
   int (*after)(void *dev, magpool_stream_t s, void (*fn)(void *arg, int status), void *arg);
   int (*sync)(void *dev, magpool_stream_t s);
   /* 1 if s is being captured, 0 if not, or a negative error. */
@@ -316,8 +315,7 @@ typedef struct mp_sslot {
                                    entry lock, walked lock-free (RCU)    */
   struct mp_sslot *tnext;       /* owner record's list (owner only)      */
   mp_revoke rv;                 /* owner vs thieves (revoke.h)           */
-  _Atomic int64_t bytes;        /* bytes cached (written as the cache,
-                                   read by stats, relaxed)               */
+  _Atomic int64_t bytes;        /* bytes cached (stats read it, relaxed) */
   mp_mag *mag[MP_MAX_CLASSES];  /* loaded magazine per class             */
   mp_mag *full[MP_MAX_CLASSES]; /* chain of full magazines (via next)    */
 } mp_sslot;
@@ -372,12 +370,13 @@ typedef struct mp_sentry {
                                  stream (park.c)                        */
 } mp_sentry;
 
-/* The stream table: the liburcu hash table of live entries, and the list
- * of released entries that batches or slots still use. */
+/* The stream table: the liburcu hash table of live entries (nlive of
+ * them: the parks' budgets), and the list of released entries that
+ * batches or slots still use. */
 typedef struct mp_streams {
   struct cds_lfht *ht;         /* stream_table.c only                   */
   pthread_mutex_t dead_lock;   /* rank 2                                */
-  mp_sentry *dead;
+  mp_sentry *dead;             _Atomic uint64_t nlive;
 } mp_streams;
 
 /* Per-thread statistics, written only by the owning thread with plain
@@ -434,11 +433,12 @@ typedef struct mp_tcache {
   mp_tstats st;
   /* One-entry stream memo (stream_cache.c): handle -> this thread's slot
    * in the stream's entry, valid until the slot is closed by a release
-   * (per entry); and every slot it owns. */
+   * (per entry); every slot it owns (s_nslots), and each one's share of
+   * stream_cache_bytes, s_limit (owner only). */
   magpool_stream_t s_handle;
   mp_sslot *s_slot;
   bool s_check_capture;  /* CUDA streams: frees ask about capture     */
-  mp_sslot *s_slots;
+  mp_sslot *s_slots;     unsigned s_nslots;     int64_t s_limit;
   _Atomic int state;
   _Atomic uintptr_t thief;       /* thieves' lock: a thief's token, or 0 */
   struct mp_tcache *pool_next;   /* pool list; set before publication  */

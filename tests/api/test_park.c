@@ -457,3 +457,46 @@ Test(park, a_fenced_run_serves_before_chunks_move, .timeout = 60) {
   cr_assert_eq(magpool_trim(pool), 0);
   finish(pool, PS, &S, 1);
 }
+
+/* stream_cache_bytes: "shared equally by the streams the thread has
+ * used", and the streams' own keep "shared equally by the streams the
+ * pool knows".  One thread frees 1 MiB of 64 KiB blocks on each of 16
+ * blocked streams (a stream_cache_bytes of 1 MiB): each stream alone
+ * would keep it all, cached.  Shared, the thread's slots keep at most
+ * 1 MiB in all, the streams' parks 1 MiB in all, and the rest is
+ * retired behind the streams (pending); every byte is one or the other.
+ * Each stream still reuses what it kept, at once. */
+Test(park, many_streams_share_one_stream_cache, .timeout = 60) {
+  enum { NS = 16, PER = 16 };
+  const size_t PS = 64 * MiB, SC = 1 * MiB, B = 64 * KiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .stream_cache = SC});
+  magpool_stream_t s[NS];
+  gate g[NS];
+  void *p[NS][PER];
+  for (int i = 0; i < NS; i++) {
+    s[i] = stream_new();
+    gate_hold(&g[i], s[i]);
+    for (int j = 0; j < PER; j++) cr_assert_not_null(p[i][j] = magpool_alloc_async(pool, B, s[i]));
+  }
+  for (int i = 0; i < NS; i++)
+    for (int j = 0; j < PER; j++) cr_assert_eq(magpool_free_async(pool, p[i][j], s[i]), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes + st.pending_bytes, (size_t)NS * PER * B,
+               "cached %zu + pending %zu: not every byte freed", st.cached_bytes, st.pending_bytes);
+  cr_assert_leq(st.cached_bytes, 2 * SC, "%zu bytes kept for 16 streams (stream_cache_bytes %zu)",
+                st.cached_bytes, SC);
+  cr_assert_gt(st.cached_bytes, 0, "nothing kept");
+  mpt_assert_conserved(pool);
+  /* What a stream kept, it reuses: the pending bytes do not change. */
+  size_t reused = 0;
+  for (int i = 0; i < NS; i++) {
+    void *q = magpool_alloc_async(pool, B, s[i]);
+    cr_assert_not_null(q);
+    for (int j = 0; j < PER; j++) reused += q == p[i][j];
+    cr_assert_eq(magpool_free_async(pool, q, s[i]), 0);
+  }
+  cr_assert_gt(reused, 0, "no stream reused a block it kept");
+  cr_assert_eq(mpt_stats(pool).pending_bytes, st.pending_bytes);
+  for (int i = 0; i < NS; i++) gate_release(&g[i], s[i]);
+  finish(pool, PS, s, NS);
+}
