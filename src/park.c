@@ -24,8 +24,9 @@
  * Budget and batching (one stream callback per batch, never per free;
  * docs/design.md has the figures): stream-cached orders at most
  * stream_cache_bytes, larger ones max(stream_cache_bytes, pool_size / 8),
- * each split among the pool's live streams (mp_park_budget); a park that would pass its budget retires the kind's least recently
- * used orders down to half of it (make_room_locked); every
+ * each split among the pool's live streams (park.h); a park that would
+ * pass its budget retires the kind's least recently used orders down to
+ * half of it (make_room_locked); every
  * MP_PARK_AGE_STEP-th park retires the orders idle for MP_PARK_AGE
  * operations; trim, the ladder's cache rung, release and a thread's own
  * flush retire the whole park under the entry lock (mp_park_take_all);
@@ -65,23 +66,6 @@ static void word_lock(mp_park *k, _Atomic int *w) {
 static void word_unlock(_Atomic int *w) { mp_word_unlock(w); }
 static void park_lock(mp_park *k) { word_lock(k, &k->lock); }
 static void park_unlock(mp_park *k) { word_unlock(&k->lock); }
-
-/* A stream's share of the budget of `order`'s kind: the budget is the
- * pool's, split among its live streams, so that a program with many
- * streams holds no more in parks than one with one.  The fence batch
- * (fence_put) is not split: its runs are in the free runs already, and
- * a smaller batch would only cost more callbacks. */
-static int64_t kind_budget(const magpool_t *pool, unsigned order) {
-  int64_t sc = (int64_t)pool->cfg.stream_cache_bytes;
-  if (order < pool->s_nclasses || sc == 0) return sc;
-  int64_t big = (int64_t)(pool->cfg.pool_size / 8);
-  return big > sc ? big : sc;
-}
-
-int64_t mp_park_budget(const magpool_t *pool, unsigned order) {
-  uint64_t n = mp_load_relaxed(&pool->streams->nlive);
-  return kind_budget(pool, order) / (int64_t)(n > 1 ? n : 1);
-}
 
 /* What a magazine's blocks cost (mp_block_cost). */
 static int64_t mag_cost(const magpool_t *pool, const mp_mag *m) {
@@ -283,7 +267,7 @@ static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p,
     int64_t now = mp_load_relaxed(&k->fbytes) + ((int64_t)r[1] << pool->chunks->shift);
     k->fn++;
     mp_store_relaxed(&k->fbytes, now);
-    if (now > kind_budget(pool, order) && !keep) old = fence_detach(pool, k);
+    if (now > mp_park_kind_budget(pool, order) && !keep) old = fence_detach(pool, k);
   }
   MP_HOOK(MP_HOOK_FENCE_PUT, k);
 out:

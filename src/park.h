@@ -72,8 +72,24 @@ bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size);
  * (passed_hint) are asked about first.  Never waits.  Nothing if s is
  * capturing.  The caller holds a use of e. */
 void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s);
+/* The budget of `order`'s kind (park.c): stream-cached orders
+ * stream_cache_bytes, larger ones max(stream_cache_bytes, pool_size / 8).
+ * The open fence batch goes behind its stream past it (fence_put): not
+ * split, since its runs are in the free runs already, and a smaller
+ * batch would only cost more callbacks. */
+static inline int64_t mp_park_kind_budget(const magpool_t *pool, unsigned order) {
+  int64_t sc = (int64_t)pool->cfg.stream_cache_bytes;
+  if (order < pool->s_nclasses || sc == 0) return sc;
+  int64_t big = (int64_t)(pool->cfg.pool_size / 8);
+  return big > sc ? big : sc;
+}
+
 /* The most bytes a park keeps of blocks of `order`: its kind's budget
- * over the pool's live streams (see park.c). */
-int64_t mp_park_budget(const magpool_t *pool, unsigned order);
+ * split among the pool's live streams, so that a program with many
+ * streams holds no more in parks than one with one.  A hint (relaxed). */
+static inline int64_t mp_park_budget(const magpool_t *pool, unsigned order) {
+  uint64_t n = mp_load_relaxed(&pool->streams->nlive);
+  return mp_park_kind_budget(pool, order) / (int64_t)(n > 1 ? n : 1);
+}
 
 #endif /* MAGPOOL_PARK_H */
