@@ -138,9 +138,9 @@ typedef struct magpool_config {
                                 default 8 MiB, shared equally by the
                                 streams the thread has used (until their
                                 magpool_stream_release).  The streams
-                                also keep blocks any
-                                thread freed on them for every thread's
-                                reuse there: this many bytes of small
+                                also keep blocks any thread freed on
+                                them for every thread's reuse there:
+                                this many bytes of small
                                 blocks, and up to max(this, pool_size / 8)
                                 of blocks larger than cache_max_block,
                                 each total shared equally by the streams
