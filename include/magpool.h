@@ -136,8 +136,10 @@ typedef struct magpool_config {
                                 stream each was freed on, before a batch
                                 is retired to the pool behind the stream;
                                 default 8 MiB, shared equally by the
-                                streams the thread has used (until their
-                                magpool_stream_release).  The streams
+                                streams the thread has used (a released
+                                stream's share goes back to the others
+                                when the thread next calls on another
+                                stream than its last).  The streams
                                 also keep blocks any thread freed on
                                 them for every thread's reuse there:
                                 this many bytes of small
