@@ -500,3 +500,46 @@ Test(park, many_streams_share_one_stream_cache, .timeout = 60) {
   for (int i = 0; i < NS; i++) gate_release(&g[i], s[i]);
   finish(pool, PS, s, NS);
 }
+
+/* stream_cache_bytes: "a released stream's share goes back to the others
+ * when the thread next calls on another stream than its last".  Another
+ * thread uses U, so two streams share the parks' budget (512 KiB each).
+ * This thread uses T and releases it, then frees 1 MiB of 64 KiB blocks
+ * on blocked S: with T's share given back its slot keeps all of it and
+ * nothing goes behind S; with T's share still held the slot would keep
+ * 512 KiB, and its overflow would pass S's park's 512 KiB and go
+ * behind S (pending). */
+static void *use_once(void *arg) {
+  ctx *c = arg;
+  void *q = magpool_alloc_async(c->pool, 64 * KiB, c->s);
+  if (q == NULL || magpool_free_async(c->pool, q, c->s) != 0) atomic_store(&c->bad, 1);
+  return NULL;
+}
+
+Test(park, a_released_streams_share_goes_back, .timeout = 60) {
+  enum { PER = 16 };
+  const size_t PS = 64 * MiB, SC = 1 * MiB, B = 64 * KiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .stream_cache = SC});
+  magpool_stream_t S = stream_new(), T = stream_new(), U = stream_new();
+  ctx cu = {.pool = pool, .s = U};
+  run(use_once, &cu);
+  cr_assert_eq(atomic_load(&cu.bad), 0);
+  void *t = magpool_alloc_async(pool, B, T);
+  cr_assert_not_null(t);
+  cr_assert_eq(magpool_free_async(pool, t, T), 0);
+  cr_assert_eq(magpool_stream_release(pool, T), 0);
+  cr_assert_eq(magpool_host_stream_sync(T), 0);
+  gate g;
+  gate_hold(&g, S);
+  void *p[PER];
+  for (int j = 0; j < PER; j++) cr_assert_not_null(p[j] = magpool_alloc_async(pool, B, S));
+  for (int j = 0; j < PER; j++) cr_assert_eq(magpool_free_async(pool, p[j], S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, 0, "%zu bytes sent behind S: T's share was not given back",
+               st.pending_bytes);
+  cr_assert_geq(st.cached_bytes, PER * B, "cached %zu", st.cached_bytes);
+  gate_release(&g, S);
+  cr_assert_eq(magpool_host_stream_destroy(T), 0);
+  magpool_stream_t s[] = {S, U};
+  finish(pool, PS, s, 2);
+}
