@@ -35,10 +35,9 @@
 
 /* ----------------------------------------------------------------- slots */
 
-/* Detaches every magazine of sl into one chain.  Owner inside, or a thief
- * holding the slot. */
-static mp_mag *slot_take_all(magpool_t *pool, mp_sslot *sl) {
-  mp_mag *chain = NULL;
+/* Detaches every magazine of sl onto `chain` (NULL: a new one).  Owner
+ * inside, or a thief holding the slot. */
+static mp_mag *slot_take_all(magpool_t *pool, mp_sslot *sl, mp_mag *chain) {
   for (unsigned k = 0; k < MP_MAX_CLASSES; k++) {
     for (mp_mag *m = sl->full[k]; m != NULL;) {
       mp_mag *mn = mp_load_relaxed(&m->next);
@@ -95,7 +94,7 @@ static mp_mag *entry_steal_locked(magpool_t *pool, mp_sentry *e, bool close) {
   for (mp_sslot *sl = head; sl != NULL; sl = mp_load_acquire(&sl->next)) {
     if (mp_load_relaxed(&sl->rv.revoke) != 1) continue;
     mp_revoke_wait(&sl->rv); /* the owner's cache writes are visible */
-    mp_mag *c = slot_take_all(pool, sl);
+    mp_mag *c = slot_take_all(pool, sl, NULL);
     while (c != NULL) {
       mp_mag *n = mp_load_relaxed(&c->next);
       mp_store_relaxed(&c->next, chain);
@@ -263,15 +262,7 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
    * that is not enough (they were sized for the whole budget). */
   if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) {
     chain = slot_take_full(pool, sl);
-    if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) {
-      mp_mag *rest = slot_take_all(pool, sl);
-      if (chain == NULL) chain = rest;
-      else if (rest != NULL) {
-        mp_mag *t = chain;
-        while (mp_load_relaxed(&t->next) != NULL) t = mp_load_relaxed(&t->next);
-        mp_store_relaxed(&t->next, rest);
-      }
-    }
+    if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) chain = slot_take_all(pool, sl, chain);
   }
   mp_slot_exit_owner(sl);
   /* The overflow goes to the stream's park, where any thread's
@@ -366,7 +357,7 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
       if (own_stream) {
         entry_release_locked(pool, e, e->handle);
       } else if (mp_slot_enter_owner(sl)) {
-        mp_mag *chain = slot_take_all(pool, sl);
+        mp_mag *chain = slot_take_all(pool, sl, NULL);
         mp_slot_exit_owner(sl);
         MP_HOOK(MP_HOOK_SLOT_FLUSH, sl);
         if (park) mp_park_retire_all(pool, e, e->handle, false, chain);

@@ -42,12 +42,12 @@ static int g_fail = 0;
     }                                                                          \
   } while (0)
 
+/* EXPECT, then the test ends at once if it failed. */
 #define REQUIRE(c, ...)                                                        \
   do {                                                                         \
-    if (!(c)) {                                                                \
-      printf(GPU_TEST ": FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);           \
-      printf(__VA_ARGS__);                                                     \
-      printf("\n");                                                            \
+    int f_ = g_fail;                                                           \
+    EXPECT(c, __VA_ARGS__);                                                    \
+    if (g_fail != f_) {                                                        \
       fflush(stdout);                                                          \
       _exit(1);                                                                \
     }                                                                          \
