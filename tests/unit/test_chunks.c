@@ -26,6 +26,9 @@
  *        growth maps a chunk each: a run freed and then partly reused
  *        leaves empty chunks that a take at the cap can still move; with
  *        chunk_groups = 1 the same pool maps groups again
+ *   chunks::the_budget_maps_within_its_slack_before_moving   a take
+ *        below the high-water mark that needs new chunks maps them, not
+ *        moves, while the pool stays within the mark plus 1.5 % of it
  *   races::group_take_counted_before_unmap   as the first race, but the
  *        take counts one chunk of a group and trim looks at another: the
  *        whole group stays mapped
@@ -413,6 +416,44 @@ Test(chunks, a_capped_pool_can_move_every_empty_chunk) {
                "chunk_groups = 1: growth of 4 chunks is one group");
   cr_assert_eq(magpool_free(pool, x), 0);
   cr_assert_eq(magpool_destroy(pool), 0);
+}
+
+/* The budget's slack (chunk.c): max(8 chunks, 1.5 % of the high-water
+ * mark H).  With 64 KiB chunks, H = 1000: a run X freed in front of a
+ * live two-chunk run Y leaves holes of 500 and 498 mapped chunks, and a
+ * run Z of 510 then needs 12 chunks that were never mapped.  At H +
+ * 1.5 % (1015) it maps them; at 1 % (1010) it would move three empty
+ * ones (1001 mapped, pool_size included, + 12 > 1010), as resnet50_train
+ * and gpt2_parity_magpool kept doing warm (docs/design.md, "Policy"). */
+Test(chunks, the_budget_maps_within_its_slack_before_moving) {
+  const size_t ch = 64 * KiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = ch, .chunk = ch, .growth = 1,
+                                        .thread_cache = MPT_ZERO, .stream_cache = MPT_ZERO});
+  cr_assert_not_null(pool->chunks);
+  void *a = magpool_alloc(pool, 1000 * ch);
+  cr_assert_not_null(a);
+  cr_assert_eq(magpool_free(pool, a), 0);
+  uint64_t hwm = mp_load_relaxed(&pool->chunks->hwm);
+  cr_assert_eq(hwm, 1000);
+  void *x = magpool_alloc(pool, 500 * ch), *y = magpool_alloc(pool, 2 * ch);
+  cr_assert(x != NULL && y != NULL);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  magpool_stats_t s0 = mpt_stats(pool);
+  cr_assert_eq(s0.reserved_bytes, 1001 * ch, "1000 chunks and pool_size's");
+  void *z = magpool_alloc(pool, 510 * ch);
+  cr_assert_not_null(z);
+  magpool_stats_t s1 = mpt_stats(pool);
+  cr_assert_eq(mp_load_relaxed(&pool->chunks->hwm), hwm, "not a new high-water mark");
+  cr_assert_gt(s1.chunk_maps, s0.chunk_maps, "Z was placed on mapped chunks only: the test needs new ones");
+  cr_assert_eq(s1.chunk_moves, s0.chunk_moves, "%lu chunks moved with %lu mapped of a budget of %lu",
+               (unsigned long)(s1.chunk_moves - s0.chunk_moves), (unsigned long)(s1.reserved_bytes / ch),
+               (unsigned long)(hwm + hwm * 3 / 200));
+  cr_assert_leq(s1.reserved_bytes, (hwm + hwm * 3 / 200) * ch);
+  memset(z, 0x7e, 510 * ch);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, z), 0);
+  cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_pool_done(pool);
 }
 
 Test(races, group_take_counted_before_unmap) {
