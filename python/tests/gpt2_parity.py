@@ -100,10 +100,13 @@ def child(args):
     losses, gnorms, times, ends = [], [], [], []
     torch.cuda.synchronize(dev)
     st_warm = None
+    window = [0.0, 0.0]  # CLOCK_MONOTONIC seconds of the steady steps, for profilers
     for step in range(args.steps):
         if step == args.warmup and args.allocator == "magpool":
             import magpool_torch as mt
             st_warm = mt.memory_stats(dev)  # the steady steps' share, below
+        if step == args.warmup:
+            window[0] = time.monotonic()
         t0 = time.perf_counter()
         batch = nxt                      # allocated on side
         main.wait_stream(side)
@@ -135,7 +138,7 @@ def child(args):
            "loss_first": losses[0], "loss_last": losses[-1],
            "step_ms": [t * 1e3 for t in times],
            "mean_step_ms": 1e3 * sum(times[args.warmup:]) / len(times[args.warmup:]),
-           "step_ends": ends}
+           "step_ends": ends, "steady_window": [window[0], time.monotonic()]}
     if args.allocator == "magpool":
         import magpool_torch as mt
         st = mt.memory_stats(dev)
