@@ -10,12 +10,7 @@
  *     out of the tree (live, cached or pending); a busy chunk is mapped;
  *   - the pool maps at most budget = max(keep, min(cap, hwm + slack))
  *     chunks, where hwm is the high-water mark of busy chunks and slack
- *     max(MP_CHUNK_SLACK_MIN, hwm * 3 / 200): 1.5 % (tools/sim/README.md
- *     found 1 % the smallest slack that takes a warm training loop to no
- *     moves in its model; the pool's thread caches and tree chunks hold
- *     a little more, and at 1 % resnet50_train kept moving 33-37 chunks
- *     a warm pass and a long async replay of gpt2_parity_magpool 500 to
- *     2,000: docs/design.md, "Policy");
+ *     max(MP_CHUNK_SLACK_MIN, 1.5 % of hwm) (docs/design.md, "Policy");
  *   - a take that needs an unmapped chunk creates memory while the
  *     budget allows, else moves an empty mapped chunk there (unmap with
  *     keep, then map: no create on sources that keep memory);
