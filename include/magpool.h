@@ -160,9 +160,10 @@ typedef struct magpool_config {
                                 A retire on a stream that has finished
                                 all its work returns the blocks to the
                                 pool at once (host streams; CUDA streams
-                                through cudaStreamQuery in relaxed capture
-                                mode, except cudaStreamPerThread and a
-                                stream being captured); so does the free
+                                through the driver's cuStreamQuery in
+                                relaxed capture mode, except
+                                cudaStreamPerThread and a stream being
+                                captured); so does the free
                                 of a block of a chunk or more, or over
                                 the stream's share, on such a stream: it
                                 is not kept.  A kept block of the

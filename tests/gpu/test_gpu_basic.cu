@@ -17,7 +17,9 @@
 //      callback: pending_bytes is 0 right after magpool_stream_release);
 //      on a stream still running a kernel it is pending.  Meanwhile
 //      another thread captures a stream in global mode: the stream queries
-//      behind this must not invalidate that capture.
+//      behind this must not invalidate that capture.  With an error of
+//      the program's pending in the runtime's last-error slot the stream
+//      is still asked (through the driver) and the error is still there.
 //
 // Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
 #include <cuda_runtime.h>
@@ -388,6 +390,21 @@ void test_idle() {
   EXPECT(idle_pending == 0, "%d of 20 retires on the idle legacy stream left bytes pending",
          idle_pending);
   CK(cudaGetLastError());
+  // 4. An error of the program's pending in the runtime's last-error slot
+  // (a bad device ordinal: not sticky): the question goes to the driver,
+  // which leaves the slot alone, so the stream is still asked (nothing
+  // pending) and the program still reads its own error afterwards.
+  EXPECT(cudaSetDevice(1 << 20) != cudaSuccess, "cudaSetDevice(1 << 20) succeeded");
+  cudaError_t mine = cudaPeekAtLastError();
+  EXPECT(mine != cudaSuccess, "no error pending: the test needs one");
+  idle_pending = 0;
+  for (int i = 0; i < 20; i++)
+    if (retire_one(pool, s, BIG, false, "idle stream, error pending") != 0) idle_pending++;
+  EXPECT(idle_pending == 0,
+         "%d of 20 retires on an idle stream left bytes pending while the program had an error",
+         idle_pending);
+  EXPECT(cudaGetLastError() == mine, "the program's pending error was lost or replaced");
+  CK(cudaSetDevice(0));
   CK(cudaDeviceSynchronize());
   expect_empty(pool, PS, "idle pool");
   CK(cudaStreamDestroy(s));
