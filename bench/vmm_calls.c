@@ -2,7 +2,11 @@
  * a GPU, per 2 MiB chunk (docs/design.md, "Memory sources: chunk
  * mapping").
  *
- *   magpool-vmm-calls [--chunks N] [--rounds R] [--device D]
+ *   magpool-vmm-calls [--chunks N] [--rounds R] [--device D] [--background B]
+ *
+ * --background B keeps B more one-chunk mappings (their own reservation,
+ * access set) for the whole run: do the calls cost more in a process
+ * that holds many mappings, as a pool of a few GiB does?
  *
  * Single driver calls, through the driver's entry points looked up the
  * way src/source_vmm.c looks them up (no libcuda link):
@@ -12,6 +16,11 @@
  *   access_run16      one cuMemSetAccess over a run of 16 mapped chunks,
  *                     divided by 16
  *   unmap             cuMemUnmap of one chunk
+ *   unmap_run16       one cuMemUnmap over a run of 16 one-chunk mappings,
+ *                     divided by 16 (-1: the driver refuses such a range)
+ *   alias_map         cuMemMap + cuMemSetAccess of a handle at a second
+ *                     address while its first mapping stays
+ *   alias_unmap       cuMemUnmap of that second mapping
  *   release           cuMemRelease of one handle
  * and the DEVICE source's ops (mp_source_device):
  *   src_map_new16     map of a run of 16 chunks, all created
@@ -106,14 +115,14 @@ enum { R_CREATE, R_MAP, R_ACC1, R_ACC16, R_UNMAP, R_RELEASE,
        R_SNEW, R_SKEEP, R_SKEPT, R_MOVE, R_SFREE,
        R_BCREATE, R_BMAP, R_BACC, R_BUNMAP, R_BRELEASE,
        R_QCREATE, R_QMAP, R_QACC, R_QUNMAP, R_QRELEASE, R_SGMAP, R_SGUNMAP,
-       R_SQUERY, R_SCAPT, R_SIDLE, R_DCAPT, R_DQUERY, NROWS };
+       R_SQUERY, R_SCAPT, R_SIDLE, R_DCAPT, R_DQUERY, R_UNMAP16, R_AMAP, R_AUNMAP, NROWS };
 static const char *row_name[NROWS] = {
   "create", "map", "access_chunk", "access_run16", "unmap", "release",
   "src_map_new16", "src_unmap_keep", "src_map_kept16", "move", "src_unmap_free",
   "create_handle16", "map_handle16", "access_handle16", "unmap_handle16", "release_handle16",
   "create_handle4", "map_handle4", "access_handle4", "unmap_handle4", "release_handle4",
   "src_map_group", "src_unmap_group", "stream_query", "stream_capturing", "stream_idle",
-  "drv_capturing", "drv_query",
+  "drv_capturing", "drv_query", "unmap_run16", "alias_map", "alias_unmap",
 };
 static double t[NROWS][MAX_ROUNDS];
 
@@ -147,7 +156,8 @@ static void group_round(int r, int row0, size_t g, CUdeviceptr va, size_t n,
 }
 
 /* One round of the single driver calls over n chunks at va. */
-static void raw_round(int r, int dev, CUdeviceptr va, size_t n, CUmemGenericAllocationHandle *h) {
+static void raw_round(int r, int dev, CUdeviceptr va, CUdeviceptr va2, size_t n,
+                      CUmemGenericAllocationHandle *h) {
   CUmemAllocationProp prop;
   memset(&prop, 0, sizeof prop);
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -171,9 +181,37 @@ static void raw_round(int r, int dev, CUdeviceptr va, size_t n, CUmemGenericAllo
   for (size_t i = 0; i < n; i += RUN) CU(drv.access(va + i * CHUNK, RUN * CHUNK, &acc, 1));
   double t6 = now_us();
   for (size_t i = 0; i < n; i++) CU(drv.unmap(va + i * CHUNK, CHUNK));
-  double t7 = now_us();
+  /* One unmap call over RUN one-chunk mappings, where the driver takes it. */
+  for (size_t i = 0; i < n; i++) CU(drv.map(va + i * CHUNK, CHUNK, 0, h[i], 0));
+  for (size_t i = 0; i < n; i += RUN) CU(drv.access(va + i * CHUNK, RUN * CHUNK, &acc, 1));
+  double t9 = now_us(), t10 = -1;
+  CUresult ur = drv.unmap(va, RUN * CHUNK);
+  if (ur == CUDA_SUCCESS) {
+    for (size_t i = RUN; i < n; i += RUN) CU(drv.unmap(va + i * CHUNK, RUN * CHUNK));
+    t10 = now_us();
+  } else {
+    if (r == 0)
+      fprintf(stderr, "magpool-vmm-calls: one unmap over %d mappings: CUresult %d\n", RUN, (int)ur);
+    for (size_t i = 0; i < n; i++) CU(drv.unmap(va + i * CHUNK, CHUNK));
+  }
+  /* A second mapping of each handle at va2 while the first stays. */
+  for (size_t i = 0; i < n; i++) CU(drv.map(va + i * CHUNK, CHUNK, 0, h[i], 0));
+  CU(drv.access(va, n * CHUNK, &acc, 1));
+  double t11 = now_us();
+  for (size_t i = 0; i < n; i++) {
+    CU(drv.map(va2 + i * CHUNK, CHUNK, 0, h[i], 0));
+    CU(drv.access(va2 + i * CHUNK, CHUNK, &acc, 1));
+  }
+  double t12 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.unmap(va2 + i * CHUNK, CHUNK));
+  double t13 = now_us();
+  for (size_t i = 0; i < n; i++) CU(drv.unmap(va + i * CHUNK, CHUNK));
+  double t14 = now_us();
   for (size_t i = 0; i < n; i++) CU(drv.release(h[i]));
   double t8 = now_us();
+  t[R_UNMAP16][r] = t10 < 0 ? -1 : (t10 - t9) / n;
+  t[R_AMAP][r] = (t12 - t11) / n;
+  t[R_AUNMAP][r] = (t13 - t12) / n;
   group_round(r, R_BCREATE, RUN, va, n, h, &prop, &acc);
   group_round(r, R_QCREATE, 4, va, n, h, &prop, &acc);
   t[R_CREATE][r] = (t1 - t0) / n;
@@ -181,7 +219,7 @@ static void raw_round(int r, int dev, CUdeviceptr va, size_t n, CUmemGenericAllo
   t[R_ACC1][r] = (t3 - t2) / n;
   t[R_UNMAP][r] = (t4 - t3) / n;
   t[R_ACC16][r] = (t6 - t5) / n;
-  t[R_RELEASE][r] = (t8 - t7) / n;
+  t[R_RELEASE][r] = (t8 - t14) / n;
 }
 
 /* One round of the source's ops over n chunks: runs at a, moves to b. */
@@ -246,12 +284,15 @@ static void stream_round(int r, cudaStream_t s, size_t n) {
 int main(int argc, char **argv) {
   size_t n = 64;
   int rounds = 5, dev = 0;
+  size_t bg = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--chunks") && i + 1 < argc) n = strtoull(argv[++i], NULL, 0);
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--device") && i + 1 < argc) dev = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--background") && i + 1 < argc) bg = strtoull(argv[++i], NULL, 0);
     else {
-      fprintf(stderr, "usage: magpool-vmm-calls [--chunks N] [--rounds R] [--device D]\n");
+      fprintf(stderr, "usage: magpool-vmm-calls [--chunks N] [--rounds R] [--device D] "
+                      "[--background B]\n");
       return 2;
     }
   }
@@ -293,17 +334,39 @@ int main(int argc, char **argv) {
 
   CUmemGenericAllocationHandle *h = calloc(n, sizeof *h);
   if (h == NULL) return 1;
-  CUdeviceptr va = 0;
+  CUdeviceptr va = 0, va2 = 0;
   CU(drv.reserve(&va, n * CHUNK, CHUNK, 0, 0));
+  CU(drv.reserve(&va2, n * CHUNK, CHUNK, 0, 0));
   size_t span = CHUNK;
   while (span < 2 * n * CHUNK) span <<= 1;
   char *base = NULL;
   MP(mp_source_device.va_reserve(ctx, span, CHUNK, (void **)&base));
 
+  CUmemGenericAllocationHandle *bh = bg != 0 ? calloc(bg, sizeof *bh) : NULL;
+  CUdeviceptr bva = 0;
+  if (bg != 0) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (bh == NULL) return 1;
+    CU(drv.reserve(&bva, bg * CHUNK, CHUNK, 0, 0));
+    for (size_t i = 0; i < bg; i++) {
+      CU(drv.create(&bh[i], CHUNK, &prop, 0));
+      CU(drv.map(bva + i * CHUNK, CHUNK, 0, bh[i], 0));
+    }
+    CU(drv.access(bva, bg * CHUNK, &acc, 1));
+    printf("magpool-vmm-calls: %zu more one-chunk mappings held\n", bg);
+  }
   cudaStream_t s;
   CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (int r = 0; r < rounds; r++) {
-    raw_round(r, dev, va, n, h);
+    raw_round(r, dev, va, va2, n, h);
     src_round(r, ctx, base, base + n * CHUNK, n);
     stream_round(r, s, n);
   }
@@ -312,6 +375,13 @@ int main(int argc, char **argv) {
   MP(mp_source_chunk_counts(ctx, &c));
   MP(mp_source_device.va_release(ctx, base, span));
   CU(drv.addr_free(va, n * CHUNK));
+  CU(drv.addr_free(va2, n * CHUNK));
+  for (size_t i = 0; i < bg; i++) {
+    CU(drv.unmap(bva + i * CHUNK, CHUNK));
+    CU(drv.release(bh[i]));
+  }
+  if (bg != 0) CU(drv.addr_free(bva, bg * CHUNK));
+  free(bh);
   mp_source_device.close(ctx);
   free(h);
 

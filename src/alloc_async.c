@@ -161,7 +161,7 @@ static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot 
   /* Not in the slot: the stream's park, reusable at once by any thread's
    * allocations on s, retired in batches. */
   int passed = -1;
-  if (sl != NULL && mp_park_put(pool, sl->e, s, p, order, &passed)) return 0;
+  if (sl != NULL && mp_park_put(pool, &tc->acct, sl->e, s, p, order, &passed)) return 0;
   /* Unparked: retire this block alone. */
   mp_mag *m = mp_mag_new(pool, order);
   if (m == NULL) { /* no host memory: wait for the stream instead */

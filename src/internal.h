@@ -205,12 +205,12 @@ void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t ne
  * RELEASE (tree): the caller's writes to the block happen before the next
  * owner's. */
 void mp_region_give(magpool_t *pool, mp_acct *a, void *p, unsigned order);
-/* A run p freed on a stream that has not passed the free: back to the
- * free runs fenced by (tag, owner, retired: mp_runs_fence), its chunks
- * kept busy; its run-space range in range[0..1].  false (nothing done)
- * if p is not a run. */
-bool mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
-                     uint64_t owner, bool retired, uint32_t *range);
+/* A run p freed on a stream that has not passed the free: fenced by (tag,
+ * owner, retired: mp_runs_fence), chunks kept busy, its run-space range
+ * in range[0..1].  0 (nothing done): not a run; 2: every chunk of it
+ * carried `tag` already (the batch has noted them); else 1. */
+int mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
+                    uint64_t owner, bool retired, uint32_t *range);
 /* The same without merging (lazy coalescing). */
 void mp_region_give_lazy(magpool_t *pool, mp_acct *a, void *p, unsigned order);
 /* Gives `n` (<= MP_MAG_SLOTS) blocks of one order back: sorts them by

@@ -238,10 +238,9 @@ static void fence_retire(magpool_t *pool, mp_sentry *e, magpool_stream_t s, fbat
  * up: the next question, a few frees on, settles the batch; passed_hint).
  * 1 fenced, 0 not a run (park it), -1 the park is closed (the caller
  * retires p). */
-static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order,
-                     bool keep) {
+static int fence_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, void *p,
+                     unsigned order, bool keep) {
   mp_park *k = &e->park;
-  mp_acct a = {0, 0, 0};
   fbatch old = {NULL, 0, 0, 0, 0};
   int rc = -1;
   word_lock(k, &k->flock);
@@ -255,15 +254,13 @@ static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p,
   }
   if (k->fn == 0) k->ftag = mp_runs_tag(pool);
   uint32_t *r = &k->fr[2 * k->fn];
-  if (!mp_region_fence(pool, &a, p, order, k->ftag, e->key, false, r)) goto out;
+  int f = mp_region_fence(pool, a, p, order, k->ftag, e->key, false, r);
+  if (f == 0) goto out;
   rc = 1;
-  /* A run s took back from this batch and freed again: its range is
-   * noted already, its chunks carry the tag again, and its bytes count
-   * once (the budget is of runs held fenced, not of frees). */
-  bool noted = false;
-  for (uint32_t i = 0; i < k->fn && !noted; i++)
-    noted = k->fr[2 * i] == r[0] && k->fr[2 * i + 1] == r[1];
-  if (!noted) {
+  /* A run s took back from this batch and freed again (f == 2): its
+   * chunks are noted already and carry the tag again, and their bytes
+   * count once (the budget is of runs held fenced, not of frees). */
+  if (f == 1) {
     int64_t now = mp_load_relaxed(&k->fbytes) + ((int64_t)r[1] << pool->chunks->shift);
     k->fn++;
     mp_store_relaxed(&k->fbytes, now);
@@ -272,7 +269,6 @@ static int fence_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p,
   MP_HOOK(MP_HOOK_FENCE_PUT, k);
 out:
   word_unlock(&k->flock);
-  mp_acct_settle(pool, &a);
   fence_retire(pool, e, s, old);
   return rc;
 }
@@ -352,8 +348,8 @@ static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
   return passed;
 }
 
-bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order,
-                 int *passed) {
+bool mp_park_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, void *p,
+                 unsigned order, int *passed) {
   if (pool->cfg.stream_cache_bytes == 0) return false;
   mp_park *k = &e->park;
   int64_t b = (int64_t)mp_block_cost(pool, p, order);
@@ -369,7 +365,7 @@ bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, uns
   if (partial(pool, order)) {
     /* Not asked in a streak of "passed": the next question settles it. */
     bool keep = *passed < 0 && (mp_load_relaxed(&k->idle_back) & MP_PARK_YES) != 0;
-    int f = fence_put(pool, e, s, p, order, keep);
+    int f = fence_put(pool, a, e, s, p, order, keep);
     if (f != 0) return f > 0;
   }
   mp_mag *old = NULL;

@@ -42,9 +42,11 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size, b
  * asked now and then: park.c, passed_hint).  false if p was not
  * parked (s passed it, parking off, the entry released, no magazine): the
  * caller retires p, passing on *passed (what the park learned of s: -1
- * not asked, 0 not passed, 1 passed).  Any thread freeing on s. */
-bool mp_park_put(magpool_t *pool, mp_sentry *e, magpool_stream_t s, void *p, unsigned order,
-                 int *passed);
+ * not asked, 0 not passed, 1 passed).  A fenced run's bytes leave `a`,
+ * the calling thread's account (settled in its batches, not per call).
+ * Any thread freeing on s. */
+bool mp_park_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, void *p,
+                 unsigned order, int *passed);
 /* Parks a chain of full magazines of stream-cached orders (a slot's
  * overflow, freed on s), retiring the park's stream-cached blocks first
  * if they would pass their budget.  false: nothing parked, the caller

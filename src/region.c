@@ -178,16 +178,16 @@ static void give_run(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
   acct_add(pool, a, -(int64_t)cost);
 }
 
-bool mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
-                     uint64_t owner, bool retired, uint32_t *range) {
-  if (!is_run(pool, p)) return false;
+int mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
+                    uint64_t owner, bool retired, uint32_t *range) {
+  if (!is_run(pool, p)) return 0;
   mp_chunks *c = pool->chunks;
   size_t cost = mp_block_cost(pool, p, order);
   range[0] = (uint32_t)(((uint64_t)((char *)p - c->base) >> c->shift) - c->run0);
   range[1] = (uint32_t)(cost >> c->shift);
-  mp_runs_fence(pool, range[0], range[1], tag, owner, retired);
+  bool again = mp_runs_fence(pool, range[0], range[1], tag, owner, retired);
   acct_add(pool, a, -(int64_t)cost);
-  return true;
+  return again ? 2 : 1;
 }
 
 /* Empty mapped chunks tried before a small block opens an unmapped one. */

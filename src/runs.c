@@ -120,8 +120,15 @@ static inline void bit_set(uint64_t *w, uint32_t k, bool on) {
 static inline void count(_Atomic uint64_t *n, bool up) {
   mp_store_relaxed(n, mp_load_relaxed(n) + (up ? 1 : (uint64_t)-1));
 }
+/* `sole` for a chunk of owner o about to join fbits: a hint that lets
+ * a take by the only owner of fenced chunks skip looking for others'. */
+static inline void sole_put(mp_runs *r, uint64_t o) {
+  if (mp_load_relaxed(&r->nfenced) == 0) r->sole = o;
+  else if (r->sole != o) r->sole = 0;
+}
 /* Chunk k in or out of fbits (nretired follows if its batch is retired). */
 static inline void fbit_put(mp_runs *r, uint32_t k, bool on) {
+  if (on) sole_put(r, r->owner[k]);
   bit_set(r->fbits, k, on);
   count(&r->nfenced, on);
   if (rbit(r, k)) count(&r->nretired, on);
@@ -191,7 +198,7 @@ static void consider(const magpool_t *pool, pick *b, uint32_t run, uint32_t s, u
 static void consider_run(const magpool_t *pool, pick *b, uint32_t s, uint32_t len, uint32_t m,
                          uint64_t owner) {
   const mp_runs *r = &pool->chunks->runs;
-  if (mp_load_relaxed(&r->nfenced) == 0) {
+  if (mp_load_relaxed(&r->nfenced) == 0 || (owner != 0 && r->sole == owner)) {
     consider(pool, b, s, s, len, m);
     return;
   }
@@ -296,38 +303,74 @@ uint32_t mp_runs_tag(magpool_t *pool) {
   return t;
 }
 
-void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
+/* The bits of word wi that lie in [a, b). */
+static inline uint64_t word_mask(uint32_t a, uint32_t b, uint32_t wi) {
+  uint64_t lo = (uint64_t)wi * 64, m = ~(uint64_t)0;
+  if (a > lo) m &= ~(uint64_t)0 << (a - lo);
+  if (b < lo + 64) m &= ~(uint64_t)0 >> (lo + 64 - b);
+  return m;
+}
+
+static inline void count_add(_Atomic uint64_t *n, uint64_t k) {
+  mp_store_relaxed(n, mp_load_relaxed(n) + k);
+}
+static inline void count_sub(_Atomic uint64_t *n, uint64_t k) {
+  mp_store_relaxed(n, mp_load_relaxed(n) - k);
+}
+
+/* A live run's chunks are never in fbits (mp_runs_alloc takes its window
+ * out), so the range's bits are set a word at a time. */
+bool mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
                    bool retired) {
   mp_runs *r = &pool->chunks->runs;
+  bool again = true;
   runs_lock(r);
   for (uint32_t k = s; k < s + m; k++) {
+    again &= r->tag[k] == tag;
     r->tag[k] = tag;
     r->owner[k] = owner;
-    rbit_put(r, k, retired);
-    fbit_put(r, k, true);
   }
+  sole_put(r, owner);
+  for (uint32_t wi = s / 64; wi <= (s + m - 1) / 64; wi++) {
+    uint64_t w = word_mask(s, s + m, wi);
+    r->fbits[wi] |= w;
+    r->rbits[wi] = retired ? r->rbits[wi] | w : r->rbits[wi] & ~w;
+  }
+  count_add(&r->nfenced, m);
+  if (retired) count_add(&r->nretired, m);
   insert(r, s, m);
   runs_unlock(r);
+  return again;
 }
 
 void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag) {
   mp_chunks *c = pool->chunks;
   mp_runs *r = &c->runs;
-  uint64_t down = 0;
+  uint64_t down = 0, dret = 0;
   runs_lock(r);
-  for (uint32_t i = 0; i < n; i++)
-    for (uint32_t k = fr[2 * i]; k < fr[2 * i] + fr[2 * i + 1]; k++) {
-      if (r->tag[k] != tag) continue; /* taken and given again since */
-      r->tag[k] = 0;
-      bool f = fbit(r, k);
-      if (f) fbit_put(r, k, false);
-      rbit_put(r, k, false);
-      if (!f) continue; /* taken since: its taker counts it */
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t a = fr[2 * i], b = a + fr[2 * i + 1];
+    for (uint32_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
+      uint64_t hit = 0; /* still carrying the tag (else taken and given again since) */
+      for (uint32_t k = a > wi * 64 ? a : wi * 64, e = b < wi * 64 + 64 ? b : wi * 64 + 64; k < e;
+           k++)
+        if (r->tag[k] == tag) {
+          r->tag[k] = 0;
+          hit |= (uint64_t)1 << (k % 64);
+        }
+      uint64_t f = r->fbits[wi] & hit; /* the others were taken since: their takers count them */
+      r->fbits[wi] &= ~f;
       /* RELEASE: the stream's last use happens before an unmap that
        * reads 0 (chunk.c). */
-      mp_store_release(&c->busy[c->run0 + k], 0);
-      down++;
+      for (uint64_t w = f; w != 0; w &= w - 1, down++) {
+        dret += (r->rbits[wi] & w & -w) != 0;
+        mp_store_release(&c->busy[c->run0 + wi * 64 + mp_ctz64(w)], 0);
+      }
+      r->rbits[wi] &= ~hit;
     }
+  }
+  count_sub(&r->nfenced, down);
+  count_sub(&r->nretired, dret);
   mp_fetch_sub_relaxed(&c->nbusy, down);
   runs_unlock(r);
 }
@@ -368,6 +411,7 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   for (unsigned w = 0; w < MP_RUN_BINS / 64; w++) r->full[w] = 0;
   r->free_chunks = 0;
   r->next_tag = 0;
+  r->sole = 0;
   mp_store_relaxed(&r->nfenced, 0);
   mp_store_relaxed(&r->nretired, 0);
   list_push(r, 0, n);
@@ -412,6 +456,7 @@ int mp_runs_check(magpool_t *pool) {
       if (last_free || i + len > r->n || r->tail[i + len - 1] != len) return MAGPOOL_EINVAL;
       for (uint32_t k = i; k < i + len && k < r->n; k++) { /* fenced: tag and busy, else neither */
         bool f = fbit(r, k);
+        if (f && r->sole != 0 && r->owner[k] != r->sole) return MAGPOOL_EINVAL;
         fenced += f;
         retired += f && rbit(r, k);
         if (f != (r->tag[k] != 0) || f != (mp_load_relaxed(&c->busy[c->run0 + k]) != 0))

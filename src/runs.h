@@ -23,7 +23,10 @@
  *     batch is retired behind S (rbits), pending.
  * Invariants (mp_runs_check, quiescent): fbits ⊆ free chunks, and a chunk
  * in fbits has a tag and a busy count; a free chunk outside fbits has
- * tag 0 and busy 0; nfenced == |fbits|, nretired == |fbits & rbits|. */
+ * tag 0 and busy 0; nfenced == |fbits|, nretired == |fbits & rbits|;
+ * `sole`, if not 0, is the owner of every chunk in fbits (set by the
+ * first fence after fbits was empty, 0 once another owner fences): a take
+ * by that owner looks at whole free runs, as when nothing is fenced. */
 #ifndef MAGPOOL_RUNS_H
 #define MAGPOOL_RUNS_H
 
@@ -45,8 +48,10 @@ void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m);
 uint32_t mp_runs_tag(magpool_t *pool);
 /* Back to the free runs, fenced by (tag, owner): [s, s + m) of a run
  * freed on owner's stream, busy counts kept; `retired`: its batch is
- * behind the stream already (else mp_runs_retire says so later). */
-void mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
+ * behind the stream already (else mp_runs_retire says so later).  true
+ * if every chunk of it carried `tag` already: a run of that batch, taken
+ * back by its stream and freed again, which the batch has noted. */
+bool mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
                    bool retired);
 /* The batch `tag` (n ranges in fr) goes behind its stream: its fenced
  * chunks count as pending from now on, no longer as cached. */

@@ -198,7 +198,7 @@ typedef struct mp_runs {
   uint64_t full[MP_RUN_BINS / 64]; /* bit L set <=> bin[L] != UINT32_MAX  */
   uint64_t free_chunks;  _Atomic int lock; /* TTAS word: runs.c         */
   uint32_t *tag, next_tag;  /* fenced free runs (above)                 */
-  uint64_t *owner, *fbits, *rbits;     /* rbits: behind the stream   */
+  uint64_t *owner, *fbits, *rbits, sole; /* rbits: retired; sole: fbits' one owner, 0: mixed */
   _Atomic uint64_t nfenced, nretired, taker, takes; /* |fbits|, |fbits & rbits|;
           the last take's owner (0: none), how many takes it made in a row */
 } mp_runs;

@@ -26,6 +26,9 @@
  *   races::a_fence_put_after_a_close_opens_a_new_batch   the park's open
  *        fence batch against a trim that closes it (MP_HOOK_FENCE_PUT,
  *        MP_HOOK_FENCE_CLOSE)
+ *   fence::a_piece_freed_again_is_noted_once   S takes a chunk of its
+ *        fenced run back and frees it again: the open batch notes no new
+ *        range and counts its bytes once; S passing unfences both
  *   fence::a_stream_that_keeps_up_is_asked_less_and_less   on an idle S
  *        that makes every run take, run frees ask S after 1, 2, 4, 8, 8 ...
  *        frees; the runs fenced between are unfenced by the next "yes",
@@ -41,7 +44,7 @@
  *   races::a_flush_during_the_question_takes_the_runs_along   unless a
  *        flush came while the question was out: then it goes behind S
  * Host streams held by gates; parking off (stream_cache_bytes 0), so
- * every async free is retired at once, but in the last seven tests.  Every test ends with
+ * every async free is retired at once, but in the last eight tests.  Every test ends with
  * magpool_check (the runs' fence invariants included).
  * Internal headers: links the static archive.
  */
@@ -534,6 +537,36 @@ Test(races, a_fence_put_after_a_close_opens_a_new_batch, .timeout = 60) {
   st = mpt_stats(pool);
   cr_assert(st.pending_bytes == 0 && st.cached_bytes == 0);
   finish(pool, PS, &S, 1);
+}
+
+/* S takes a piece of its run back out of the open batch and frees it
+ * again: the batch notes nothing new (its chunks carry the batch's tag
+ * and lie in the range noted for the run), so the park's budget counts
+ * them once; once S passes, the run's range unfences them all. */
+Test(fence, a_piece_freed_again_is_noted_once, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  gate g;
+  magpool_t *pool = parking_pool(&S, &g, &x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  mp_park *k = park_of(pool, S);
+  cr_assert(k->fn == 1 && atomic_load(&k->fbytes) == (int64_t)BIG, "x is not in the open batch");
+  void *y = magpool_alloc_async(pool, CHUNK, S);
+  cr_assert_not_null(y);
+  cr_assert(overlaps(y, CHUNK, x, BIG), "S's chunk request did not take a piece of its fenced run");
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(k->fn, 1, "the piece freed again was noted as a new range (%u ranges)", k->fn);
+  cr_assert_eq(atomic_load(&k->fbytes), (int64_t)BIG, "the piece's bytes counted twice");
+  cr_assert(fenced(pool, rchunk(pool, x)) && fenced(pool, rchunk(pool, x) + 1));
+  cr_assert_eq(magpool_check(pool), 0);
+  gate_open(&g);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  gate_done(&g);
+  cr_assert_eq(magpool_trim(pool), 0); /* S idle: the batch's range unfences both chunks */
+  cr_assert(!fenced(pool, rchunk(pool, x)) && !fenced(pool, rchunk(pool, x) + 1));
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert(st.pending_bytes == 0 && st.cached_bytes == 0);
+  finish(pool, 64 * MiB, &S, 1);
 }
 
 /* ------------------------------------------- streams that keep up (park.c) */
