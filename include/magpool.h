@@ -217,13 +217,17 @@ typedef struct magpool_config {
   int chunk_groups;          /* how a chunked pool maps its growth: 1, up
                                 to 8 chunks per driver allocation (fewer
                                 driver calls: about 5 us a chunk on an
-                                H200 against 35); 0, a chunk each, so that
-                                any empty chunk can move where a request
-                                needs it (a group with one busy chunk pins
-                                the rest: near max_pool_size a request can
-                                then fail with memory empty).  Default -1:
-                                0 with a max_pool_size, else 1.  Other
-                                values: MAGPOOL_EINVAL at create        */
+                                H200 against 35), and, on a pool that can
+                                grow, the chunks a move maps up to 4 per
+                                allocation (a move of a chunk each costs
+                                40-55 us on an H200); 0, a chunk each, so
+                                that any empty chunk can move where a
+                                request needs it (a group with one busy
+                                chunk pins the rest: near max_pool_size a
+                                request can then fail with memory empty).
+                                Default -1: 0 with a max_pool_size, else
+                                1.  Other values: MAGPOOL_EINVAL at
+                                create                                   */
 } magpool_config_t;
 
 /* Statistics of one pool, summed over all threads.  Counters are kept per

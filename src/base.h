@@ -31,6 +31,8 @@
                                    (magazine.c, mp_cache_alloc_slow)    */
 #define MP_CHUNK_GROUP 8       /* most chunks mapped as one piece of
                                    memory (chunk.c, C6)                */
+#define MP_MOVE_GROUP 4        /* most chunks a move maps as one piece
+                                   (chunk.c, map_run)                  */
 #define MP_CACHELINE 64
 #define MP_MAG_SLABS_MAX (1u << 20) /* 64 magazines a slab: 2^26 magazines,
                                        indices fit 32 bits               */

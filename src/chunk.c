@@ -15,11 +15,12 @@
  *     budget allows, else moves an empty mapped chunk there (unmap with
  *     keep, then map: no create on sources that keep memory);
  *   - growth maps each MP_CHUNK_GROUP-aligned window as one group (one
- *     piece of memory where the source has map_group), unmapped whole;
- *     pool_size, the chunks a move maps, and all of a pool without
- *     chunk_groups (default: one with a max_pool_size) are a chunk each
- *     (a group with one busy chunk pins its empty ones: they cannot
- *     move, and a capped pool would fail with the memory there);
+ *     piece of memory where the source has map_group), unmapped whole,
+ *     a move each whole MP_MOVE_GROUP-aligned window it maps; pool_size
+ *     and all of a pool without chunk_groups (default: one with a
+ *     max_pool_size) are a chunk each (a group with one busy chunk pins
+ *     its empty ones: they cannot move, and a capped pool would fail
+ *     with the memory there);
  *   - empty chunks stay mapped, but above release_threshold at a give,
  *     and at magpool_trim (down to pool_size).
  * So mapped memory never exceeds the peak need by more than the slack,
@@ -113,22 +114,22 @@ static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   return 0;
 }
 
-/* Maps chunks [first, first + n), all unmapped: the first `singles` a
- * chunk each, the rest a group per MP_CHUNK_GROUP-aligned window they
- * cover.  Groups are for growth only: pool_size (keep) and as many
- * chunks as a move unmapped are one each (a fixed pool never has a
- * group); the growth of the same take is grouped (docs/design.md).  On
- * failure the groups mapped before it stay mapped (and counted): empty
- * mapped chunks.  Lock held. */
-static int map_run(magpool_t *pool, uint64_t first, uint64_t n, uint64_t singles) {
+/* Maps chunks [first, first + n), all unmapped: the first `moved` (as
+ * many as a move unmapped) a group per whole MP_MOVE_GROUP-aligned window
+ * if the pool can grow (a fixed one has no group), else a chunk each; the
+ * rest a group per MP_CHUNK_GROUP-aligned window (as map_window allows).
+ * On failure what was mapped stays (empty mapped chunks).  Lock held. */
+static int map_run(magpool_t *pool, uint64_t first, uint64_t n, uint64_t moved) {
+  const mp_chunks *c = pool->chunks;
   for (uint64_t a = first, end = first + n; a < end;) {
-    uint64_t b = (a / MP_CHUNK_GROUP + 1) * MP_CHUNK_GROUP;
+    uint64_t w = moved != 0 ? MP_MOVE_GROUP : MP_CHUNK_GROUP;
+    uint64_t b = (a / w + 1) * w;
     if (b > end) b = end;
-    bool grp = singles == 0; /* the first `singles` chunks one each */
-    if (!grp && singles < b - a) b = a + singles;
+    if (moved != 0 && moved < b - a) b = a + moved;
+    bool grp = moved == 0 || (b - a == w && c->cap > c->keep); /* growth, whole window */
     int rc = map_window(pool, a, b - a, grp);
     if (rc != 0) return rc;
-    singles -= grp ? 0 : b - a;
+    moved -= moved != 0 ? b - a : 0;
     a = b;
   }
   return 0;

@@ -20,8 +20,11 @@
  *        unmap backs off, and the take gets mapped memory
  *   chunks::growth_maps_groups          growth maps MP_CHUNK_GROUP-aligned
  *        groups, unmapped only whole; a move maps a chunk each
- *   chunks::a_move_maps_one_chunk_handles_only_for_what_it_moved   a take
- *        that moves and grows maps a chunk each only as many as it moved
+ *   chunks::a_move_maps_whole_windows_of_what_it_moved_as_one_piece   a
+ *        take that moves and grows maps each whole MP_MOVE_GROUP-aligned
+ *        window of what it moved as one piece, the moved chunks outside
+ *        such windows a chunk each, and its growth a piece per
+ *        MP_CHUNK_GROUP-aligned window
  *   chunks::a_capped_pool_can_move_every_empty_chunk   under max_pool_size
  *        growth maps a chunk each: a run freed and then partly reused
  *        leaves empty chunks that a take at the cap can still move; with
@@ -343,7 +346,19 @@ Test(chunks, growth_maps_groups) {
  * chunks one each as it moved, and the rest in groups: a run of 16
  * chunks freed next to a live one of 8, then a run of 20 that fits only
  * past them (budget: 24 busy + 8 slack). */
-Test(chunks, a_move_maps_one_chunk_handles_only_for_what_it_moved) {
+/* The pieces a take that moves m chunks and grows the rest maps for its
+ * row [k0, k0 + n): what chunk.c's map_run promises, written out. */
+static void expect_piece(uint64_t k, uint64_t k0, uint64_t n, uint64_t m, uint64_t *first,
+                         uint64_t *len) {
+  uint64_t w = k < k0 + m ? MP_MOVE_GROUP : MP_CHUNK_GROUP;
+  uint64_t lo = k < k0 + m ? k0 : k0 + m, hi = k < k0 + m ? k0 + m : k0 + n;
+  uint64_t a = k / w * w < lo ? lo : k / w * w, b = (k / w + 1) * w > hi ? hi : (k / w + 1) * w;
+  bool whole = k >= k0 + m || b - a == w;
+  *first = whole ? a : k;
+  *len = whole ? b - a : 1;
+}
+
+Test(chunks, a_move_maps_whole_windows_of_what_it_moved_as_one_piece) {
   magpool_t *pool = chunked_pool(2 * MiB, 0);
   mp_chunks *c = pool->chunks;
   void *a = magpool_alloc(pool, 16 * CHUNK), *b = magpool_alloc(pool, 8 * CHUNK);
@@ -352,16 +367,20 @@ Test(chunks, a_move_maps_one_chunk_handles_only_for_what_it_moved) {
   uint64_t moves = mpt_stats(pool).chunk_moves;
   void *r = magpool_alloc(pool, 20 * CHUNK);
   cr_assert_not_null(r);
-  uint64_t moved = mpt_stats(pool).chunk_moves - moves, single = 0, grouped = 0;
-  for (uint64_t k = chunk_index(pool, r), n = 0; n < 20; k++, n++) {
-    if (c->gfirst[k] == k && c->glen[k] == 1) single++;
-    else grouped++;
-  }
-  cr_assert_gt(moved, 0, "the run was placed where it needed no move: the test needs one");
+  uint64_t moved = mpt_stats(pool).chunk_moves - moves, k0 = chunk_index(pool, r), pieces = 0;
+  cr_assert_geq(moved, MP_MOVE_GROUP + MP_MOVE_GROUP - 1,
+                "%lu chunks moved: the test needs a whole move window", (unsigned long)moved);
   cr_assert_lt(moved, 20, "the run needed no growth: the test needs some");
-  cr_assert_eq(single, moved, "%lu chunks mapped one each, %lu moved", (unsigned long)single,
-               (unsigned long)moved);
-  cr_assert_eq(grouped, 20 - moved);
+  for (uint64_t k = k0; k < k0 + 20; k++) {
+    uint64_t f, n;
+    expect_piece(k, k0, 20, moved, &f, &n);
+    cr_assert(c->gfirst[k] == f && c->glen[f] == n,
+              "chunk %lu: piece at %lu of %u chunks, expected at %lu of %lu (%lu moved)",
+              (unsigned long)(k - k0), (unsigned long)(c->gfirst[k] - k0), c->glen[c->gfirst[k]],
+              (unsigned long)(f - k0), (unsigned long)n, (unsigned long)moved);
+    pieces += c->gfirst[k] == k;
+  }
+  cr_assert_lt(pieces, 20, "every chunk its own piece");
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, r), 0);
   cr_assert_eq(magpool_free(pool, b), 0);
