@@ -19,7 +19,8 @@
  *        UNMAPPING (MP_HOOK_CHUNK_UNMAP) while a take counts it busy: the
  *        unmap backs off, and the take gets mapped memory
  *   chunks::growth_maps_groups          growth maps MP_CHUNK_GROUP-aligned
- *        groups, unmapped only whole; a move maps a chunk each
+ *        groups, unmapped only whole; a move maps a chunk each under a cap
+ *        of the user's and in a fixed pool
  *   chunks::a_move_maps_whole_windows_of_what_it_moved_as_one_piece   a
  *        take that moves and grows maps each whole MP_MOVE_GROUP-aligned
  *        window of what it moved as one piece, the moved chunks outside
@@ -337,6 +338,23 @@ Test(chunks, growth_maps_groups) {
   for (uint64_t k = chunk_index(pool, r), n = 0; n < 3; k++, n++)
     cr_assert_eq(pool->chunks->glen[k], 1, "a chunk mapped by a move is in a group");
   cr_assert_eq(mpt_stats(pool).reserved_bytes, 8 * MiB);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, r), 0);
+  mpt_pool_done(pool);
+
+  /* A fixed pool (no growth, no cap of the user's: chunk_groups on) maps
+   * its runs by moves of its pool_size chunks, a chunk each: a group with
+   * one busy chunk would pin the others, and it cannot grow past them. */
+  pool = mpt_pool(&(mpt_cfg){.pool_size = 32 * MiB, .thread_cache = MPT_ZERO,
+                             .stream_cache = MPT_ZERO});
+  cr_assert(pool->chunks != NULL && pool->cfg.chunk_groups == 1);
+  r = magpool_alloc(pool, 16 * MiB);
+  cr_assert_not_null(r);
+  cr_assert_geq(mpt_stats(pool).chunk_moves, 8, "the run came without moves");
+  for (uint64_t k = chunk_index(pool, r), n = 0; n < 8; k++, n++)
+    cr_assert_eq(pool->chunks->glen[pool->chunks->gfirst[k]], 1,
+                 "a fixed pool's move mapped chunk %lu in a group", (unsigned long)n);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 32 * MiB);
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, r), 0);
   mpt_pool_done(pool);
