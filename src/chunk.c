@@ -149,10 +149,9 @@ static uint64_t unmap_if_empty(magpool_t *pool, uint64_t i, int keep, uint64_t f
   MP_HOOK(MP_HOOK_CHUNK_UNMAP, c->base + (i << c->shift));
   bool busy = false;
   for (uint64_t k = g; k < g + n && !busy; k++) busy = mp_load_seq_cst(&c->busy[k]) != 0;
-  /* A group's memory is one piece: it is freed, never kept (a move maps
-   * what it needs next, which need not be a group of this length). */
-  if (busy || pool->src->unmap(pool->src_ctx, c->base + (g << c->shift), n << c->shift,
-                               n == 1 ? keep : 0) != 0) {
+  /* keep: for the move's map of the same length (the rest: drop_kept) */
+  if (busy ||
+      pool->src->unmap(pool->src_ctx, c->base + (g << c->shift), n << c->shift, keep) != 0) {
     for (uint64_t k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_MAPPED);
     return 0;
   }
@@ -347,6 +346,7 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
     if (rc == 0 && mp_load_relaxed(&c->nmapped) > before) mp_fetch_add_relaxed(&pool->grow_count, 1);
     i = j;
   }
+  if (pool->src->drop_kept != NULL) pool->src->drop_kept(pool->src_ctx); /* a move's leftovers */
   pthread_mutex_unlock(lk);
   if (rc != 0 && !own) busy_sub(pool, &e); /* the caller gives the block back */
   return rc;

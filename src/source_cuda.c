@@ -85,6 +85,7 @@ static int cuda_map_group(void *ctx, void *addr, size_t bytes) {
 static int cuda_unmap(void *ctx, void *addr, size_t bytes, int keep) {
   return mp_vmm_unmap(((cuda_ctx *)ctx)->vmm, addr, bytes, keep);
 }
+static void cuda_drop_kept(void *ctx) { mp_vmm_drop_kept(((cuda_ctx *)ctx)->vmm); }
 
 int mp_source_chunk_counts(void *ctx, mp_chunk_counts *out) {
   if (ctx == NULL || out == NULL) return MAGPOOL_EINVAL;
@@ -175,6 +176,7 @@ const mp_source_ops mp_source_device = {
   .map = cuda_map,
   .map_group = cuda_map_group,
   .unmap = cuda_unmap,
+  .drop_kept = cuda_drop_kept,
 };
 
 const mp_source_ops mp_source_pinned = {

@@ -5,8 +5,8 @@
  *
  * State: the ranges reserved (each with one handle slot per chunk, so any
  * chunk can be unmapped or moved on its own) and a stack of kept handles
- * that the next map uses before it creates memory.  No locks: the pool
- * serialises map and unmap (its map lock). */
+ * that the next map of their size uses before it creates memory (until
+ * mp_vmm_drop_kept).  No locks: the pool serialises these (its map lock). */
 #include "source_vmm.h"
 
 #include <stdlib.h>
@@ -75,7 +75,7 @@ struct mp_vmm {
   int nacc;
   int split_access;           /* set access one location at a time      */
   vrange *ranges;
-  struct kept { CUmemGenericAllocationHandle h; size_t size; } *kept;
+  struct kept { CUmemGenericAllocationHandle h; size_t size, nch; } *kept; /* nch: chunks */
   size_t nkept, capkept;
   mp_chunk_counts n;
 };
@@ -163,8 +163,8 @@ static int take_handle(mp_vmm *v, size_t size, CUmemGenericAllocationHandle *h, 
   for (size_t i = v->nkept; i-- > 0;) {
     if (v->kept[i].size != size) continue;
     *h = v->kept[i].h;
+    v->n.kept -= v->kept[i].nch;
     v->kept[i] = v->kept[--v->nkept];
-    v->n.kept--;
     *reused = 1;
     return 0;
   }
@@ -178,8 +178,9 @@ static void drop_handle(mp_vmm *v, CUmemGenericAllocationHandle h) {
   if (drv.release(h) == CUDA_SUCCESS) v->n.releases++;
 }
 
-/* Keeps h for the next map; frees it if the stack cannot grow. */
-static void keep_handle(mp_vmm *v, CUmemGenericAllocationHandle h, size_t size) {
+/* Keeps h (`size` bytes, nch chunks) for the next map of its size;
+ * frees it if the stack cannot grow. */
+static void keep_handle(mp_vmm *v, CUmemGenericAllocationHandle h, size_t size, size_t nch) {
   if (v->nkept == v->capkept) {
     size_t cap = v->capkept ? 2 * v->capkept : 64;
     struct kept *k = realloc(v->kept, cap * sizeof *k);
@@ -187,15 +188,15 @@ static void keep_handle(mp_vmm *v, CUmemGenericAllocationHandle h, size_t size) 
     v->kept = k;
     v->capkept = cap;
   }
-  v->kept[v->nkept].h = h;
-  v->kept[v->nkept++].size = size;
-  v->n.kept++;
+  v->kept[v->nkept++] = (struct kept){h, size, nch};
+  v->n.kept += nch;
 }
 
 static void drop_kept(mp_vmm *v) {
   while (v->nkept > 0) {
-    drop_handle(v, v->kept[--v->nkept].h);
-    v->n.kept--;
+    v->nkept--;
+    drop_handle(v, v->kept[v->nkept].h);
+    v->n.kept -= v->kept[v->nkept].nch;
   }
 }
 
@@ -243,7 +244,7 @@ fail:
 }
 
 /* Unmaps the mapping that starts at chunk i of r (gl[i] chunks) and
- * keeps its handle (keep, one chunk only) or frees it. */
+ * keeps its handle (keep: for the next map of its size) or frees it. */
 static int unmap_one(mp_vmm *v, vrange *r, size_t i, int keep) {
   size_t n = r->gl[i];
   int rc = cu_err(drv.unmap(r->base + (i << r->shift), n << r->shift));
@@ -251,7 +252,7 @@ static int unmap_one(mp_vmm *v, vrange *r, size_t i, int keep) {
   for (size_t k = i; k < i + n; k++) r->on[k] = 0;
   r->gl[i] = 0;
   v->n.mapped -= n;
-  if (keep && n == 1) keep_handle(v, r->h[i], r->chunk);
+  if (keep) keep_handle(v, r->h[i], n << r->shift, n);
   else drop_handle(v, r->h[i]);
   return 0;
 }
@@ -356,7 +357,7 @@ static void undo_run(mp_vmm *v, vrange *r, size_t i0, size_t n, size_t reused) {
     r->gl[i] = 0;
     v->n.mapped--;
     if (k < reused) {
-      keep_handle(v, r->h[i], r->chunk);
+      keep_handle(v, r->h[i], r->chunk, 1);
       v->n.reuses--;
     } else {
       drop_handle(v, r->h[i]);
@@ -381,7 +382,7 @@ int mp_vmm_map(mp_vmm *v, void *addr, size_t bytes) {
     if ((rc = take_handle(v, r->chunk, &h, &was_kept)) != 0) break;
     rc = cu_err(drv.map(r->base + (i << r->shift), r->chunk, 0, h, 0));
     if (rc) {
-      if (was_kept) { keep_handle(v, h, r->chunk); }
+      if (was_kept) { keep_handle(v, h, r->chunk, 1); }
       else drop_handle(v, h);
       break;
     }
@@ -405,20 +406,24 @@ int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) {
   if (n == 1) return mp_vmm_map(v, addr, bytes);
   int saved, rc = enter(v, &saved);
   if (rc) return rc;
-  /* Kept handles (a move's, which maps what it kept at once, so seldom
-   * any here) are freed: left kept beside a new piece they would be held
-   * and uncounted, and used for this group a chunk each they would make
-   * its unmap several calls, which can fail halfway. */
-  drop_kept(v);
+  /* A kept handle of exactly this size (a move's group) serves, else the
+   * kept ones are freed first to make room (one-chunk handles never make
+   * a group: its unmap would be several calls, which can fail halfway). */
+  bool fits = false;
+  for (size_t k = 0; k < v->nkept && !fits; k++) fits = v->kept[k].size == bytes;
+  if (!fits) drop_kept(v);
   CUmemGenericAllocationHandle h;
-  if ((rc = cu_err(drv.create(&h, bytes, &v->prop, 0))) == 0) {
-    v->n.creates++;
+  int was_kept = 0;
+  if ((rc = take_handle(v, bytes, &h, &was_kept)) == 0) {
     rc = cu_err(drv.map((CUdeviceptr)addr, bytes, 0, h, 0));
     if (rc == 0 && (rc = cu_err(set_access(v, (CUdeviceptr)addr, bytes))) != 0)
       (void)drv.unmap((CUdeviceptr)addr, bytes);
-    if (rc) {
+    if (rc && was_kept) {
+      keep_handle(v, h, bytes, n);
+    } else if (rc) {
       drop_handle(v, h);
     } else {
+      v->n.reuses += was_kept ? n : 0;
       r->h[i0] = h;
       for (size_t k = i0; k < i0 + n; k++) r->on[k] = 1;
       r->gl[i0] = (unsigned char)n;
@@ -427,6 +432,13 @@ int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) {
   }
   leave(v, saved);
   return rc;
+}
+
+void mp_vmm_drop_kept(mp_vmm *v) {
+  int saved;
+  if (v->nkept == 0 || enter(v, &saved) != 0) return;
+  drop_kept(v);
+  leave(v, saved);
 }
 
 int mp_vmm_unmap(mp_vmm *v, void *addr, size_t bytes, int keep) {
@@ -454,9 +466,7 @@ int mp_vmm_unmap(mp_vmm *v, void *addr, size_t bytes, int keep) {
 #else /* no CUDA in this build */
 
 int mp_vmm_open(mp_vmm **v, int device, int host) {
-  (void)v;
-  (void)device;
-  (void)host;
+  (void)v, (void)device, (void)host;
   return MAGPOOL_ENODEV;
 }
 void mp_vmm_close(mp_vmm *v) { (void)v; }
@@ -476,14 +486,12 @@ int mp_vmm_map(mp_vmm *v, void *addr, size_t bytes) {
   (void)v, (void)addr, (void)bytes;
   return MAGPOOL_ENODEV;
 }
-int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) {
-  (void)v, (void)addr, (void)bytes;
-  return MAGPOOL_ENODEV;
-}
+int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) { return mp_vmm_map(v, addr, bytes); }
 int mp_vmm_unmap(mp_vmm *v, void *addr, size_t bytes, int keep) {
   (void)v, (void)addr, (void)bytes, (void)keep;
   return MAGPOOL_ENODEV;
 }
+void mp_vmm_drop_kept(mp_vmm *v) { (void)v; }
 void mp_vmm_counts(const mp_vmm *v, mp_chunk_counts *out) {
   (void)v;
   *out = (mp_chunk_counts){0};

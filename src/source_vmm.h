@@ -7,7 +7,7 @@
  * of one device; PINNED: page-locked host memory (host NUMA location),
  * readable and writable by the host and the device at the same address.
  *
- * Threads: mp_vmm_map, mp_vmm_unmap and mp_vmm_counts must not run at the
+ * Threads: mp_vmm_map*, mp_vmm_unmap, mp_vmm_drop_kept and mp_vmm_counts must not run at the
  * same time on one mp_vmm (the pool calls them under its map lock);
  * va_reserve / va_release not at the same time as anything else on it.
  * Each call works with the source's device current and gives the caller
@@ -39,6 +39,7 @@ int mp_vmm_va_release(mp_vmm *v, void *base, size_t size);
 int mp_vmm_map(mp_vmm *v, void *addr, size_t bytes);
 int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes);
 int mp_vmm_unmap(mp_vmm *v, void *addr, size_t bytes, int keep);
+void mp_vmm_drop_kept(mp_vmm *v);
 void mp_vmm_counts(const mp_vmm *v, mp_chunk_counts *out);
 
 #endif /* MAGPOOL_SOURCE_VMM_H */

@@ -40,9 +40,8 @@
  * means "always backed".  Stateless table + a context owned by the pool. */
 typedef struct mp_source_ops {
   const char *name;
-  /* Reserves size bytes (a multiple of the pool's min_block); on success
-   * stores the base in *base.  Returns 0, MAGPOOL_ENOMEM, MAGPOOL_ENODEV or
-   * MAGPOOL_ECUDA. */
+  /* Reserves size bytes (a multiple of the pool's min_block) at *base:
+   * 0, MAGPOOL_ENOMEM, MAGPOOL_ENODEV or MAGPOOL_ECUDA. */
   int (*reserve)(void *ctx, size_t size, void **base);
   int (*release)(void *ctx, void *base, size_t size);
   int (*commit)(void *ctx, void *addr, size_t size);
@@ -51,13 +50,11 @@ typedef struct mp_source_ops {
   int (*open)(void **ctx, const magpool_config_t *cfg);
   void (*close)(void *ctx);
 
-  /* Sources that map memory on demand set all five below (map != NULL);
+  /* Sources that map memory on demand set those below (map != NULL);
    * others leave them NULL and give whole regions through reserve.  The
-   * pool calls map and unmap under its map lock only, so a source need
-   * not make them thread-safe against each other; va_* are called at
-   * create and destroy.
-   *
-   * Smallest chunk the source can map (a power of two).  NULL: 4 KiB. */
+   * pool calls map, unmap and drop_kept under its map lock only (not
+   * thread-safe against each other); va_* at create and destroy.
+   * granularity: smallest chunk it can map (a power of two; NULL: 4 KiB). */
   size_t (*granularity)(void *ctx);
   /* Reserves `size` bytes of address space (a power of two), aligned to
    * `size`, with no memory behind it; chunk (a power of two >=
@@ -72,14 +69,17 @@ typedef struct mp_source_ops {
   int (*map)(void *ctx, void *addr, size_t bytes);
   /* As map, but with one piece of memory for the whole run (a chunk of
    * the driver's cost per chunk: docs/design.md, "What it costs"), which
-   * can only go back whole: every later unmap of it names exactly this
-   * run, with keep == 0.  Frees any kept memory first (a move maps what
-   * it kept before anything else runs).  NULL: map only. */
+   * can only go back whole (every later unmap names exactly this run):
+   * kept memory of exactly its size, else new (all kept freed first).
+   * NULL: map only. */
   int (*map_group)(void *ctx, void *addr, size_t bytes);
-  /* Takes the memory of [addr, addr + bytes) away (whole mapped chunks).
-   * keep != 0: the memory stays with the source for the next map (a move
-   * costs no create); keep == 0: it is freed. */
+  /* Takes the memory of [addr, addr + bytes) away (whole mappings).
+   * keep != 0: each mapping's memory stays with the source for the next
+   * map of its size (a move costs no create) until drop_kept; keep == 0:
+   * it is freed.  drop_kept (NULL: nothing is ever kept) frees what is
+   * kept, at the end of each move: none is held and uncounted. */
   int (*unmap)(void *ctx, void *addr, size_t bytes, int keep);
+  void (*drop_kept)(void *ctx);
   /* Memory the source could give in all (host RAM, device memory): the
    * default cap of a growing pool with no max_pool_size.  NULL or 0:
    * unknown (the pool then caps at its pool_size unless told). */

@@ -7,7 +7,9 @@
  * copy; pinned: a kernel writes and the host reads at the same address,
  * the host writes and a kernel reads, vmm_kernels.cu); the middle chunk unmapped and kept, a chunk mapped
  * elsewhere with the kept memory (no create: the source's counters say
- * so), written and read; unmap without keep frees; bad input (unaligned,
+ * so), written and read; a group of 4 kept and mapped elsewhere (no
+ * create), a kept group a one-chunk map leaves alone freed by drop_kept;
+ * unmap without keep frees; bad input (unaligned,
  * outside the range, already mapped, not mapped, zero, a run over the
  * end) answers MAGPOOL_EINVAL and changes no counter; va_release with
  * chunks still mapped and kept frees them all (the device's free memory
@@ -167,6 +169,42 @@ static void check_oom(const mp_source_ops *ops, void *ctx, size_t chunk) {
          run / MiB, f / MiB);
 }
 
+/* A group of 4 chunks unmapped with keep serves the next group of its
+ * size elsewhere (a move in groups: no create, no release); a kept group
+ * no map of its size takes stays until drop_kept frees it. */
+static void check_groups(const mp_source_ops *ops, void *ctx, char *base, size_t chunk,
+                         int pinned) {
+  if (ops->map_group == NULL || ops->drop_kept == NULL) return;
+  char *g1 = base + 200 * chunk, *g2 = base + 300 * chunk;
+  mp_chunk_counts c0 = counts(ctx), c;
+  REQUIRE(ops->map_group(ctx, g1, 4 * chunk) == 0, "%s: map_group", ops->name);
+  fill(pinned, "group", g1, 4 * chunk, 0x3c);
+  EXPECT(ops->unmap(ctx, g1, 4 * chunk, 1) == 0, "%s: unmap group keep", ops->name);
+  c = counts(ctx);
+  EXPECT(c.kept == c0.kept + 4 && c.creates == c0.creates + 1 && c.releases == c0.releases,
+         "%s: kept group: kept %llu creates %llu", ops->name, (unsigned long long)c.kept,
+         (unsigned long long)c.creates);
+  REQUIRE(ops->map_group(ctx, g2, 4 * chunk) == 0, "%s: map_group kept", ops->name);
+  c = counts(ctx);
+  EXPECT(c.creates == c0.creates + 1 && c.reuses == c0.reuses + 4 && c.kept == c0.kept &&
+             c.mapped == c0.mapped + 4,
+         "%s: the group move created memory: creates %llu reuses %llu kept %llu", ops->name,
+         (unsigned long long)c.creates, (unsigned long long)c.reuses, (unsigned long long)c.kept);
+  fill(pinned, "moved group", g2, 4 * chunk, 0xc3);
+  /* Kept again; a one-chunk map does not take it, drop_kept frees it. */
+  EXPECT(ops->unmap(ctx, g2, 4 * chunk, 1) == 0, "%s: unmap group keep again", ops->name);
+  REQUIRE(ops->map(ctx, g1, chunk) == 0, "%s: map one beside a kept group", ops->name);
+  c = counts(ctx);
+  EXPECT(c.creates == c0.creates + 2 && c.kept == c0.kept + 4, "%s: a chunk took the group",
+         ops->name);
+  ops->drop_kept(ctx);
+  c = counts(ctx);
+  EXPECT(c.kept == c0.kept && c.releases == c0.releases + 1 && c.mapped == c0.mapped + 1,
+         "%s: drop_kept: kept %llu releases %llu", ops->name, (unsigned long long)c.kept,
+         (unsigned long long)c.releases);
+  EXPECT(ops->unmap(ctx, g1, chunk, 0) == 0, "%s: unmap the chunk", ops->name);
+}
+
 static int run_source(const mp_source_ops *ops, int pinned) {
   magpool_config_t cfg;
   magpool_config_init(&cfg);
@@ -262,6 +300,7 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   EXPECT(c.creates == 4 && c.reuses == 2 && c.mapped == 3, "%s: refill: creates %llu reuses %llu",
          ops->name, (unsigned long long)c.creates, (unsigned long long)c.reuses);
   fill(pinned, "refilled run", run, 3 * chunk, 0x77);
+  check_groups(ops, ctx, base, chunk, pinned);
   /* One more kept, so that va_release finds both mapped and kept memory. */
   EXPECT(ops->unmap(ctx, run, chunk, 1) == 0, "%s: keep first", ops->name);
 
