@@ -155,18 +155,23 @@ static void group_round(int r, int row0, size_t g, CUdeviceptr va, size_t n,
   t[row0 + 4][r] = (u5 - u4) / n;
 }
 
+/* A one-device pinned allocation's properties and its read/write access. */
+static void dev_props(int dev, CUmemAllocationProp *prop, CUmemAccessDesc *acc) {
+  memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = dev;
+  memset(acc, 0, sizeof *acc);
+  acc->location = prop->location;
+  acc->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
 /* One round of the single driver calls over n chunks at va. */
 static void raw_round(int r, int dev, CUdeviceptr va, CUdeviceptr va2, size_t n,
                       CUmemGenericAllocationHandle *h) {
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
   CUmemAccessDesc acc;
-  memset(&acc, 0, sizeof acc);
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  dev_props(dev, &prop, &acc);
   double t0 = now_us();
   for (size_t i = 0; i < n; i++) CU(drv.create(&h[i], CHUNK, &prop, 0));
   double t1 = now_us();
@@ -346,14 +351,8 @@ int main(int argc, char **argv) {
   CUdeviceptr bva = 0;
   if (bg != 0) {
     CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof prop);
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
     CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location = prop.location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    dev_props(dev, &prop, &acc);
     if (bh == NULL) return 1;
     CU(drv.reserve(&bva, bg * CHUNK, CHUNK, 0, 0));
     for (size_t i = 0; i < bg; i++) {
