@@ -26,6 +26,10 @@
  *        window of what it moved as one piece, the moved chunks outside
  *        such windows a chunk each, and its growth a piece per
  *        MP_CHUNK_GROUP-aligned window
+ *   chunks::a_take_that_moves_leaves_nothing_kept   through a host source
+ *        that keeps what a move unmaps (as the DEVICE source does): no
+ *        piece is left kept after any take, and some move's group map
+ *        reuses a group the same take kept
  *   chunks::a_capped_pool_can_move_every_empty_chunk   under max_pool_size
  *        growth maps a chunk each: a run freed and then partly reused
  *        leaves empty chunks that a take at the cap can still move; with
@@ -402,6 +406,95 @@ Test(chunks, a_move_maps_whole_windows_of_what_it_moved_as_one_piece) {
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, r), 0);
   cr_assert_eq(magpool_free(pool, b), 0);
+  mpt_pool_done(pool);
+}
+
+/* A host source that keeps what a move unmaps, as the DEVICE source does
+ * (the host one has nothing to keep): pieces by size, and what happens to
+ * them.  Maps take a kept piece of their size; a group map that finds
+ * none frees them all first, as source_vmm.c's does. */
+static struct {
+  size_t size[256];
+  int n, kept_groups, reused_groups, freed, drops;
+} kp;
+static mp_source_ops keeping;
+
+static bool take_kept(size_t bytes) {
+  for (int i = 0; i < kp.n; i++)
+    if (kp.size[i] == bytes) {
+      kp.size[i] = kp.size[--kp.n];
+      return true;
+    }
+  return false;
+}
+static int keeping_unmap(void *ctx, void *addr, size_t bytes, int keep) {
+  int rc = mp_source_host.unmap(ctx, addr, bytes, keep);
+  if (rc == 0 && keep) {
+    cr_assert_lt(kp.n, 256);
+    kp.size[kp.n++] = bytes;
+    kp.kept_groups += bytes > CHUNK;
+  }
+  return rc;
+}
+static int keeping_map(void *ctx, void *addr, size_t bytes) {
+  for (size_t off = 0; off < bytes; off += CHUNK) (void)take_kept(CHUNK);
+  return mp_source_host.map(ctx, addr, bytes);
+}
+static int keeping_map_group(void *ctx, void *addr, size_t bytes) {
+  if (take_kept(bytes)) {
+    kp.reused_groups++;
+  } else {
+    kp.freed += kp.n;
+    kp.n = 0;
+  }
+  return mp_source_host.map_group(ctx, addr, bytes);
+}
+static void keeping_drop(void *ctx) {
+  (void)ctx;
+  kp.drops++;
+  kp.freed += kp.n;
+  kp.n = 0;
+}
+
+/* Every take that moved ends with drop_kept: what its maps did not use
+ * is not left with the source, held and uncounted.  Runs of 4 chunks on a
+ * growing pool, freed and taken again elsewhere, move in groups of 4:
+ * some of them reuse a group a move of the same take kept. */
+Test(chunks, a_take_that_moves_leaves_nothing_kept) {
+  keeping = mp_source_host;
+  keeping.unmap = keeping_unmap;
+  keeping.map = keeping_map;
+  keeping.map_group = keeping_map_group;
+  keeping.drop_kept = keeping_drop;
+  memset(&kp, 0, sizeof kp);
+  mp_pool_set_source_override(&keeping);
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  mp_pool_set_source_override(NULL);
+  cr_assert_eq(pool->src, &keeping);
+  enum { N = 48 };
+  void *p[N] = {0};
+  uint64_t moves0 = mpt_stats(pool).chunk_moves;
+  /* Runs of 4-6 chunks; each round frees every other one and takes it
+   * again one chunk longer, so that the holes are too short and the
+   * runs land on unmapped chunks, moving the holes' chunks. */
+  for (int round = 0; round < 8; round++) {
+    for (int i = round % 2; i < N; i += round == 0 ? 1 : 2) {
+      if (p[i] != NULL) cr_assert_eq(magpool_free(pool, p[i]), 0);
+      p[i] = magpool_alloc(pool, (size_t)(4 + (i + round) % 3) * CHUNK);
+      cr_assert_not_null(p[i]);
+      cr_assert_eq(kp.n, 0, "round %d, run %d: %d pieces left kept after the take", round, i,
+                   kp.n);
+    }
+    cr_assert_eq(magpool_check(pool), 0);
+  }
+  for (int i = 0; i < N; i++) cr_assert_eq(magpool_free(pool, p[i]), 0);
+  uint64_t moved = mpt_stats(pool).chunk_moves - moves0;
+  cr_assert_gt(moved, 0, "nothing moved: the test needs moves");
+  cr_assert_gt(kp.drops, 0, "no take called drop_kept");
+  cr_assert_gt(kp.reused_groups, 0, "no move's group map reused a group it kept (%d kept)",
+               kp.kept_groups);
+  cr_log_info("moved %lu chunks; groups kept %d, reused %d; pieces freed %d; drops %d",
+              (unsigned long)moved, kp.kept_groups, kp.reused_groups, kp.freed, kp.drops);
   mpt_pool_done(pool);
 }
 
