@@ -117,9 +117,12 @@ static inline void bit_set(uint64_t *w, uint32_t k, bool on) {
   uint64_t b = (uint64_t)1 << (k % 64);
   w[k / 64] = on ? w[k / 64] | b : w[k / 64] & ~b;
 }
-static inline void count(_Atomic uint64_t *n, bool up) {
-  mp_store_relaxed(n, mp_load_relaxed(n) + (up ? 1 : (uint64_t)-1));
+/* Adds k (wrapping: -k subtracts) to a counter only the runs' lock
+ * holder writes. */
+static inline void count_add(_Atomic uint64_t *n, uint64_t k) {
+  mp_store_relaxed(n, mp_load_relaxed(n) + k);
 }
+static inline void count(_Atomic uint64_t *n, bool up) { count_add(n, up ? 1 : (uint64_t)-1); }
 /* `sole` for a chunk of owner o about to join fbits: a hint that lets
  * a take by the only owner of fenced chunks skip looking for others'. */
 static inline void sole_put(mp_runs *r, uint64_t o) {
@@ -311,13 +314,6 @@ static inline uint64_t word_mask(uint32_t a, uint32_t b, uint32_t wi) {
   return m;
 }
 
-static inline void count_add(_Atomic uint64_t *n, uint64_t k) {
-  mp_store_relaxed(n, mp_load_relaxed(n) + k);
-}
-static inline void count_sub(_Atomic uint64_t *n, uint64_t k) {
-  mp_store_relaxed(n, mp_load_relaxed(n) - k);
-}
-
 /* A live run's chunks are never in fbits (mp_runs_alloc takes its window
  * out), so the range's bits are set a word at a time. */
 bool mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
@@ -369,8 +365,8 @@ void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t t
       r->rbits[wi] &= ~hit;
     }
   }
-  count_sub(&r->nfenced, down);
-  count_sub(&r->nretired, dret);
+  count_add(&r->nfenced, -down);
+  count_add(&r->nretired, -dret);
   mp_fetch_sub_relaxed(&c->nbusy, down);
   runs_unlock(r);
 }

@@ -159,16 +159,20 @@ void mp_vmm_counts(const mp_vmm *v, mp_chunk_counts *out) { *out = v->n; }
 
 /* ------------------------------------------------------------- handles -- */
 
-static int take_handle(mp_vmm *v, size_t size, CUmemGenericAllocationHandle *h, int *reused) {
+/* Takes a kept handle of exactly `size` bytes into *h, if there is one. */
+static bool take_kept(mp_vmm *v, size_t size, CUmemGenericAllocationHandle *h) {
   for (size_t i = v->nkept; i-- > 0;) {
     if (v->kept[i].size != size) continue;
     *h = v->kept[i].h;
     v->n.kept -= v->kept[i].nch;
     v->kept[i] = v->kept[--v->nkept];
-    *reused = 1;
-    return 0;
+    return true;
   }
-  *reused = 0;
+  return false;
+}
+
+static int take_handle(mp_vmm *v, size_t size, CUmemGenericAllocationHandle *h, int *reused) {
+  if ((*reused = take_kept(v, size, h)) != 0) return 0;
   int rc = cu_err(drv.create(h, size, &v->prop, 0));
   if (rc == 0) v->n.creates++;
   return rc;
@@ -409,12 +413,10 @@ int mp_vmm_map_group(mp_vmm *v, void *addr, size_t bytes) {
   /* A kept handle of exactly this size (a move's group) serves, else the
    * kept ones are freed first to make room (one-chunk handles never make
    * a group: its unmap would be several calls, which can fail halfway). */
-  bool fits = false;
-  for (size_t k = 0; k < v->nkept && !fits; k++) fits = v->kept[k].size == bytes;
-  if (!fits) drop_kept(v);
   CUmemGenericAllocationHandle h;
-  int was_kept = 0;
-  if ((rc = take_handle(v, bytes, &h, &was_kept)) == 0) {
+  int was_kept = take_kept(v, bytes, &h);
+  if (!was_kept) drop_kept(v);
+  if (was_kept || (rc = take_handle(v, bytes, &h, &was_kept)) == 0) {
     rc = cu_err(drv.map((CUdeviceptr)addr, bytes, 0, h, 0));
     if (rc == 0 && (rc = cu_err(set_access(v, (CUdeviceptr)addr, bytes))) != 0)
       (void)drv.unmap((CUdeviceptr)addr, bytes);
@@ -470,10 +472,7 @@ int mp_vmm_open(mp_vmm **v, int device, int host) {
   return MAGPOOL_ENODEV;
 }
 void mp_vmm_close(mp_vmm *v) { (void)v; }
-size_t mp_vmm_granularity(mp_vmm *v) {
-  (void)v;
-  return 0;
-}
+size_t mp_vmm_granularity(mp_vmm *v) { return (void)v, 0; }
 int mp_vmm_va_reserve(mp_vmm *v, size_t size, size_t chunk, void **base) {
   (void)v, (void)size, (void)chunk, (void)base;
   return MAGPOOL_ENODEV;

@@ -100,16 +100,23 @@ static void drv_init(void) {
   drv_exchange_mode = (CUresult(*)(CUstreamCaptureMode *))drv_fn("cuThreadExchangeStreamCaptureMode");
 }
 
+/* The driver's answer: 1 if s is being captured, 0 if not, -1 if the
+ * driver cannot say (no entry point, or an error of its own). */
+static int drv_capturing(magpool_stream_t s) {
+  pthread_once(&drv_once, drv_init);
+  CUstreamCaptureStatus ds = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (drv_is_capturing == NULL || drv_is_capturing((CUstream)s, &ds) != CUDA_SUCCESS) return -1;
+  return ds != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* 1 if s is being captured, 0 if not, or a magpool error.  The driver is
  * asked first; on any error of its own (the legacy stream of a thread
  * with no current context, say) the runtime call answers instead, which
  * sets up the context and reports its errors as before. */
 static int cu_capturing(void *dev, magpool_stream_t s) {
   (void)dev;
-  pthread_once(&drv_once, drv_init);
-  CUstreamCaptureStatus ds = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (drv_is_capturing != NULL && drv_is_capturing((CUstream)s, &ds) == CUDA_SUCCESS)
-    return ds != CU_STREAM_CAPTURE_STATUS_NONE;
+  int d = drv_capturing(s);
+  if (d >= 0) return d;
   enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   cudaError_t e = cudaStreamIsCapturing((cudaStream_t)s, &st);
   if (e != cudaSuccess) return cuda_rc(e);
@@ -139,12 +146,9 @@ static int cu_idle(void *dev, magpool_stream_t s) {
   (void)dev;
   cudaStream_t cs = (cudaStream_t)s;
   if (cs == cudaStreamPerThread) return 0;
-  pthread_once(&drv_once, drv_init);
-  CUstreamCaptureStatus ds = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (drv_is_capturing == NULL || drv_query == NULL || drv_exchange_mode == NULL ||
-      drv_is_capturing((CUstream)cs, &ds) != CUDA_SUCCESS)
-    return idle_runtime(cs);
-  if (ds != CU_STREAM_CAPTURE_STATUS_NONE) return 0;
+  int d = drv_capturing(s);
+  if (d < 0 || drv_query == NULL || drv_exchange_mode == NULL) return idle_runtime(cs);
+  if (d) return 0;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   if (drv_exchange_mode(&mode) != CUDA_SUCCESS) return 0;
   CUresult r = drv_query((CUstream)cs);
