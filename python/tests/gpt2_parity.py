@@ -20,10 +20,13 @@ allocator needs (no record_stream: see magpool_torch's docstring).
         ("timing=1" also times magpool's entry points); --cpus 2-5 runs
         every child on those CPUs only.
         Exit 1 if the losses differ.
-    gpt2_parity.py --compare --ddp --nproc 2
+    gpt2_parity.py --compare --ddp --nproc 2 [--backend nccl|gloo] [--one-gpu]
         the same with torchrun and DistributedDataParallel over NCCL, one
         pool per device; each rank's losses must match the same rank's on
-        PyTorch's allocator.
+        PyTorch's allocator.  --one-gpu puts every rank on device 0 (one
+        pool per process there), which NCCL refuses: use it with
+        --backend gloo, whose all-reduce takes CUDA tensors, where a
+        machine has one GPU.
     gpt2_parity.py --child --allocator torch|magpool [--ddp] --out FILE
         one run (what --compare starts).
 Exit 77 when PyTorch with CUDA or transformers is missing (skipped)."""
@@ -62,10 +65,13 @@ def child(args):
     if args.ddp:
         import torch.distributed as dist
         rank = int(os.environ["RANK"])
-        local = int(os.environ["LOCAL_RANK"])
+        local = 0 if args.one_gpu else int(os.environ["LOCAL_RANK"])
         world = int(os.environ["WORLD_SIZE"])
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        if args.backend == "nccl":
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        else:
+            dist.init_process_group(args.backend)
     dev = torch.device("cuda", local)
     torch.manual_seed(1234)
     torch.cuda.manual_seed_all(1234)
@@ -171,7 +177,9 @@ def launch(args, allocator, out, conf=""):
     me = os.path.abspath(__file__)
     common = ["--child", "--allocator", allocator, "--out", out, "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--batch", str(args.batch), "--seq", str(args.seq),
-              "--magpool-conf", conf, "--cpus", args.cpus]
+              "--magpool-conf", conf, "--cpus", args.cpus, "--backend", args.backend]
+    if args.one_gpu:
+        common.append("--one-gpu")
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONUNBUFFERED="1",
                **NO_MULTICAST)
     if args.ddp:
@@ -210,7 +218,7 @@ def compare(args):
         print("gpt2_parity: skipped:", e)
         sys.exit(77)
     os.makedirs(args.out, exist_ok=True)
-    tag = "ddp" if args.ddp else "single"
+    tag = ("ddp-" + args.backend + ("-one-gpu" if args.one_gpu else "")) if args.ddp else "single"
     confs = args.magpool_conf.split(";")
     labels = ["torch"] + ["magpool" + ("[%s]" % c if c else "") for c in confs]
     runs = {label: [] for label in labels}
@@ -273,6 +281,10 @@ def main():
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--ddp", action="store_true")
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                    help="--ddp: the process group's backend (default nccl)")
+    ap.add_argument("--one-gpu", action="store_true",
+                    help="--ddp: every rank on device 0 (with --backend gloo)")
     ap.add_argument("--allocator", choices=["torch", "magpool"], default="torch")
     ap.add_argument("--out", default="gpt2_parity_out")
     ap.add_argument("--repeat", type=int, default=1)
