@@ -73,15 +73,40 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   return p;
 }
 
+/* Would a block of `order` for `size` make a chunked pool's busy chunks
+ * pass their high-water mark (and pool_size, which stays mapped)?  A
+ * block under a chunk counts as one chunk: it may need one free of
+ * blocks.  A hint (relaxed reads); false on other pools. */
+static bool new_peak(const magpool_t *pool, unsigned order, size_t size) {
+  const mp_chunks *c = pool->chunks;
+  if (c == NULL) return false;
+  uint64_t n = (uint64_t)(mp_request_cost(pool, order, size) >> c->shift);
+  uint64_t after = mp_load_relaxed(&c->nbusy) + (n == 0 ? 1 : n);
+  return after > mp_load_relaxed(&c->hwm) && after > c->keep;
+}
+
+/* A slot miss on a stream-cached order: a whole magazine of what other
+ * threads freed on s, off its park, within the slot's share, so that a
+ * thread that allocates what another frees (a training step's forward
+ * and backward threads) takes the park's lock once a magazine, not once
+ * a block.  NULL: none (the caller takes single blocks). */
+static void *slot_refill(magpool_t *pool, mp_sslot *sl, unsigned order, magpool_stream_t s) {
+  if (order >= pool->s_nclasses) return NULL;
+  int64_t room = sl->owner->s_limit - mp_load_relaxed(&sl->bytes);
+  mp_mag *m = room > 0 ? mp_park_take_mag(pool, sl->e, order, room) : NULL;
+  return m != NULL ? mp_slot_load_owner(pool, sl, s, m) : NULL;
+}
+
 /* alloc_async_full on a known stream: its slot, its park, the tree. */
 static void *alloc_on_stream(magpool_t *pool, mp_tcache *tc, mp_sslot *sl, unsigned order,
                              size_t size, magpool_stream_t s) {
   if (sl != NULL) {
     void *p = order < pool->s_nclasses ? mp_slot_pop_owner(pool, sl, order) : NULL;
     /* Then what any thread freed on s: free for s at once. */
+    if (p == NULL) p = slot_refill(pool, sl, order, s);
     if (p == NULL) p = mp_park_take(pool, sl->e, order, size, false);
     if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
-    if (mp_park_new_peak(pool, order, size)) {
+    if (new_peak(pool, order, size)) {
       /* At a new peak a parked run that covers the request serves it
        * whatever it wastes: its chunks are busy already, and the other
        * way maps new ones (and on a busy stream the run would only go

@@ -142,6 +142,27 @@ static void *pop_fit(const magpool_t *pool, mp_mag *m, unsigned o, size_t need, 
   return p;
 }
 
+/* Under the lock: the order's head magazine (an empty one over full ones freed). */
+static mp_mag *head_locked(magpool_t *pool, mp_park *k, unsigned order) {
+  mp_mag *m = k->mags[order];
+  if (m != NULL && m->count == 0 && mp_load_relaxed(&m->next) != NULL) {
+    k->mags[order] = mp_load_relaxed(&m->next);
+    mp_mag_free(pool, m);
+    m = k->mags[order];
+  }
+  return m;
+}
+
+/* Under the lock: `cost` bytes of `order` left the park.  The empty head
+ * stays for the next park unless full ones follow; an emptied magazine
+ * further down stays until the order is retired. */
+static void took_locked(magpool_t *pool, mp_park *k, unsigned order, int64_t cost) {
+  set_bytes(k, pool, order, -cost);
+  k->used[order] = ++k->clock;
+  if (k->obytes[order] == 0)
+    mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) & ~((uint64_t)1 << order));
+}
+
 void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size, bool peak) {
   mp_park *k = &e->park;
   if ((mp_load_relaxed(&k->mask) >> order & 1) == 0) return NULL;
@@ -149,27 +170,31 @@ void *mp_park_take(magpool_t *pool, mp_sentry *e, unsigned order, size_t size, b
   park_lock(k);
   MP_HOOK(MP_HOOK_PARK_TAKE, k);
   void *p = NULL;
-  mp_mag *m = k->mags[order];
-  if (m != NULL && m->count == 0 && mp_load_relaxed(&m->next) != NULL) {
-    k->mags[order] = mp_load_relaxed(&m->next); /* an empty head over full ones */
-    mp_mag_free(pool, m);
-    m = k->mags[order];
-  }
+  mp_mag *m = head_locked(pool, k, order);
   /* A run parked for a smaller request is backed by fewer chunks than
    * this one needs: it stays parked, and another, or the tree, serves. */
   if (m != NULL) p = !partial(pool, order) && m->count != 0
                         ? m->slot[--m->count] /* every block of the order fits */
                         : pop_fit(pool, m, order, need, peak);
-  if (p != NULL) {
-    set_bytes(k, pool, order, -(int64_t)mp_block_cost(pool, p, order));
-    k->used[order] = ++k->clock;
-    /* The empty head stays for the next park unless full ones follow;
-     * an emptied magazine further down stays until the order is retired. */
-    if (k->obytes[order] == 0)
-      mp_store_relaxed(&k->mask, mp_load_relaxed(&k->mask) & ~((uint64_t)1 << order));
-  }
+  if (p != NULL) took_locked(pool, k, order, (int64_t)mp_block_cost(pool, p, order));
   park_unlock(k);
   return p;
+}
+
+mp_mag *mp_park_take_mag(magpool_t *pool, mp_sentry *e, unsigned order, int64_t room) {
+  mp_park *k = &e->park;
+  if (!is_small(pool, order) || (mp_load_relaxed(&k->mask) >> order & 1) == 0) return NULL;
+  park_lock(k);
+  MP_HOOK(MP_HOOK_PARK_TAKE, k);
+  mp_mag *m = head_locked(pool, k, order);
+  int64_t b = m != NULL ? (int64_t)m->count * (int64_t)mp_block_bytes(pool, order) : 0;
+  if (m != NULL && m->count > 1 && b <= room) {
+    k->mags[order] = mp_load_relaxed(&m->next);
+    mp_store_relaxed(&m->next, NULL);
+    took_locked(pool, k, order, b);
+  } else m = NULL;
+  park_unlock(k);
+  return m;
 }
 
 /* Under the lock, before `add` bytes of `order` come in: every
@@ -442,22 +467,6 @@ mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chai
   if (close) k->closed = true;
   park_unlock(k);
   return chain;
-}
-
-/* Chunks a request of `size` in a block of `order` needs: its cost in
- * whole chunks, 0 under a chunk. */
-static uint64_t need_chunks(const magpool_t *pool, unsigned order, size_t size) {
-  return (uint64_t)(mp_request_cost(pool, order, size) >> pool->chunks->shift);
-}
-
-bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size) {
-  const mp_chunks *c = pool->chunks;
-  if (c == NULL) return false;
-  uint64_t n = need_chunks(pool, order, size);
-  if (n == 0) n = 1; /* under a chunk: when no chunk is free of blocks */
-  uint64_t after = mp_load_relaxed(&c->nbusy) + n;
-  /* pool_size stays mapped (keep): only above it does a peak cost. */
-  return after > mp_load_relaxed(&c->hwm) && after > c->keep;
 }
 
 void mp_park_retire_all(magpool_t *pool, mp_sentry *e, magpool_stream_t h, bool close,

@@ -62,11 +62,11 @@ mp_mag *mp_park_take_all(magpool_t *pool, mp_sentry *e, bool close, mp_mag *chai
  * here: the caller retires them).  Under e's entry lock (h valid). */
 void mp_park_retire_all(magpool_t *pool, mp_sentry *e, magpool_stream_t h, bool close,
                         mp_mag *chain);
-/* Would a block of `order` for `size` make a chunked pool map chunks it
- * has never had busy at once: more chunks than mapped, counting the busy
- * ones?  (A hint: relaxed reads.)  false on other pools and for blocks
- * under a chunk. */
-bool mp_park_new_peak(const magpool_t *pool, unsigned order, size_t size);
+/* A whole magazine of stream-cached `order` (at least two blocks, at
+ * most `room` bytes) off e's park for the caller's slot, or NULL (none
+ * now: the mask is read first, relaxed).  Any thread allocating on e's
+ * stream, holding a use of e. */
+mp_mag *mp_park_take_mag(magpool_t *pool, mp_sentry *e, unsigned order, int64_t room);
 /* Before new memory for an allocation on s (e's stream): e's park goes
  * behind s (to the trees at once if s has passed it: mp_retire_chain),
  * so that what the allocation cannot use of it is not held for s alone

@@ -234,6 +234,22 @@ void *mp_slot_pop_owner(magpool_t *pool, mp_sslot *sl, unsigned order) {
   return p;
 }
 
+void *mp_slot_load_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, mp_mag *m) {
+  if (!mp_slot_enter_owner(sl)) { /* a thief: the blocks go where its slot's went */
+    if (!mp_park_put_chain(pool, sl->e, s, m))
+      mp_retire_chain(pool, &sl->e->pending, sl->e->key, s, m, -1);
+    return NULL;
+  }
+  mp_mag *old = sl->mag[m->order]; /* empty, and no full one behind it: the pop missed */
+  mp_assert(old == NULL || old->count == 0);
+  if (old != NULL) mp_mag_free(pool, old);
+  sl->mag[m->order] = m;
+  void *p = m->slot[--m->count];
+  mp_slot_bytes_add(sl, (int64_t)m->count * (int64_t)mp_block_bytes(pool, m->order));
+  mp_slot_exit_owner(sl);
+  return p;
+}
+
 bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void *p,
                         unsigned order) {
   if (!mp_slot_enter_owner(sl)) return false;

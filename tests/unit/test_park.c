@@ -21,6 +21,11 @@
  *   park::a_busy_stream_is_asked_less_and_less   after a "not passed",
  *        run frees ask the stream again after 1, 2, 4 ... frees; a "passed"
  *        starts over
+ *   park::a_slot_miss_takes_a_whole_parked_magazine   a thread that
+ *        allocates on S what another freed on S takes the park's blocks a
+ *        magazine at a time into its slot, not one a call
+ *   park::a_refill_meets_a_release   a release closes the slot between the
+ *        refill's take off the park and its load: the magazine is not lost
  *   park::thousand_large_frees_few_batches,
  *   park::thousand_random_large_frees_fewer_batches   1000 frees of large
  *        blocks on one stream cost far fewer than 1000 retire batches
@@ -361,4 +366,134 @@ Test(park, a_busy_stream_is_asked_less_and_less, .timeout = 60) {
   gate_done(&t.g);
   cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
   finish(t.pool, 64 * MiB, &t.s, 1);
+}
+
+/* ---------------------------------- a thread allocating what another frees */
+
+/* Thread B frees on S what thread A allocates on S (a training step's
+ * backward thread frees what its forward thread allocated): B's slot
+ * overflows into S's park a magazine at a time, and A's slot misses. */
+#define SMALL (4 * KiB)
+#define NSMALL 1024 /* 4 MiB, four times the stream cache below */
+
+typedef struct xfree {
+  magpool_t *pool;
+  magpool_stream_t s;
+  void **p;
+  int n;
+} xfree;
+
+static void *free_on_s(void *arg) {
+  xfree *x = arg;
+  for (int i = 0; i < x->n; i++) cr_assert_eq(magpool_free_async(x->pool, x->p[i], x->s), 0);
+  return NULL;
+}
+
+/* S's entry (the caller keeps S registered). */
+static mp_sentry *entry_of(magpool_t *pool, magpool_stream_t s) {
+  uint64_t sid;
+  cr_assert_eq(pool->sops->get_id(pool->src_ctx, s, &sid), 0);
+  mp_streams_read_lock();
+  mp_sentry *e = mp_entry_find_rcu(pool, sid + 1, s, false);
+  mp_streams_read_unlock();
+  cr_assert_not_null(e);
+  return e;
+}
+
+static bool one_of(void **p, int n, const void *q) {
+  for (int i = 0; i < n; i++)
+    if (p[i] == q) return true;
+  return false;
+}
+
+/* A pool with a 1 MiB stream cache, S held by a gate, NSMALL blocks that
+ * this thread allocated on S and thread B freed on S. */
+static magpool_t *freed_by_another(magpool_stream_t *s, gate *g, void **p) {
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .chunk = 128 * MiB, .stream_cache = MiB});
+  *s = stream_new();
+  gate_hold(g, *s);
+  for (int i = 0; i < NSMALL; i++) cr_assert_not_null(p[i] = magpool_alloc_async(pool, SMALL, *s));
+  xfree x = {pool, *s, p, NSMALL};
+  pthread_t b;
+  cr_assert_eq(pthread_create(&b, NULL, free_on_s, &x), 0);
+  pthread_join(b, NULL);
+  return pool;
+}
+
+Test(park, a_slot_miss_takes_a_whole_parked_magazine, .timeout = 60) {
+  magpool_stream_t s;
+  gate g;
+  static void *p[NSMALL], *q[NSMALL];
+  magpool_t *pool = freed_by_another(&s, &g, p);
+  mp_park *k = &entry_of(pool, s)->park;
+  int64_t parked = atomic_load(&k->bytes);
+  cr_assert_geq(parked, 2 * (int64_t)SMALL, "B's overflow parked %lld bytes", (long long)parked);
+  /* A's first allocation misses its slot: a whole magazine leaves the
+   * park (one block handed out, the rest in A's slot). */
+  cr_assert_not_null(q[0] = magpool_alloc_async(pool, SMALL, s));
+  int64_t left = atomic_load(&k->bytes);
+  int took = (int)((parked - left) / (int64_t)SMALL);
+  cr_assert_geq(took, 2, "a slot miss took %d block(s) off the park, not a magazine", took);
+  /* The rest of that magazine: A's slot, the park untouched. */
+  for (int i = 1; i < took; i++) {
+    cr_assert_not_null(q[i] = magpool_alloc_async(pool, SMALL, s));
+    cr_assert_eq(atomic_load(&k->bytes), left, "allocation %d of the magazine went to the park", i);
+  }
+  for (int i = 0; i < took; i++)
+    cr_assert(one_of(p, NSMALL, q[i]), "block %d is not one that B freed on S", i);
+  for (int i = 0; i < took; i++) cr_assert_eq(magpool_free_async(pool, q[i], s), 0);
+  gate_release(&g, s);
+  finish(pool, 64 * MiB, &s, 1);
+}
+
+/* A thief between the two halves of a refill: thread A's allocation took
+ * a magazine off the park and stops (MP_HOOK_PARK_TAKE, the park's lock
+ * held); magpool_stream_release steals A's slot and closes it, then waits
+ * for that lock.  A's closed slot refuses the magazine: its blocks go back
+ * to the park or behind S, A's allocation is served all the same, and
+ * nothing is lost or handed out twice (finish: the pool whole again). */
+typedef struct refill {
+  magpool_t *pool;
+  magpool_stream_t s;
+  void *got;
+} refill;
+
+static void *alloc_stopping(void *arg) {
+  refill *a = arg;
+  stopper = 1;
+  a->got = magpool_alloc_async(a->pool, SMALL, a->s);
+  return NULL;
+}
+
+static void *release_waiting(void *arg) {
+  refill *a = arg;
+  waiter = 1;
+  cr_assert_eq(magpool_stream_release(a->pool, a->s), 0);
+  return NULL;
+}
+
+Test(park, a_refill_meets_a_release, .timeout = 60) {
+  magpool_stream_t s;
+  gate g;
+  static void *p[NSMALL];
+  magpool_t *pool = freed_by_another(&s, &g, p);
+  mp_park *k = &entry_of(pool, s)->park;
+  cr_assert_geq(atomic_load(&k->bytes), 2 * (int64_t)SMALL);
+  atomic_store(&stop_at, MP_HOOK_PARK_TAKE);
+  mp_hook_set(park_hook);
+  refill a = {pool, s, NULL};
+  pthread_t al, rel;
+  cr_assert_eq(pthread_create(&al, NULL, alloc_stopping, &a), 0);
+  flag_wait(&stopped); /* A holds the park's lock, a magazine in hand */
+  cr_assert_eq(pthread_create(&rel, NULL, release_waiting, &a), 0);
+  flag_wait(&waiting); /* the release closed A's slot and waits for the lock */
+  flag_set(&go);
+  pthread_join(al, NULL);
+  pthread_join(rel, NULL);
+  mp_hook_set(NULL);
+  cr_assert_not_null(a.got, "the allocation whose refill was refused failed");
+  cr_assert_eq(magpool_free(pool, a.got), 0);
+  gate_release(&g, s);
+  finish(pool, 64 * MiB, &s, 1);
 }
