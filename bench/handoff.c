@@ -6,9 +6,11 @@
  * A training step's forward thread allocates what its autograd thread
  * frees; a server's request thread allocates what its completion thread
  * frees.  Here a producer thread allocates blocks (sizes cycled from a
- * list) and hands each pointer through a single-producer single-consumer
- * ring (at most HANDOFF_INFLIGHT in flight) to a consumer thread, which
- * frees it.  Rows:
+ * list) and hands them, HANDOFF_BATCH pointers at a time, through a
+ * single-producer single-consumer ring (at most HANDOFF_INFLIGHT batches
+ * in flight) to a consumer thread, which frees them.  Batches keep the
+ * hand-off itself (the floor) to a few ns a block, so that the two
+ * threads' timing does not decide the figure.  Rows:
  *   floor            the hand-off alone: no allocator (fake pointers)
  *   magpool          magpool_alloc / magpool_free
  *   magpool-async    magpool_alloc_async / magpool_free_async, both threads
@@ -28,6 +30,7 @@
 #include <magpool.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -42,8 +45,9 @@
 #include "cuda_baselines.h"
 #endif
 
-#define HANDOFF_RING 256u    /* ring slots (a power of two)             */
-#define HANDOFF_INFLIGHT 64u /* most blocks between the two threads     */
+#define HANDOFF_RING 16u     /* ring slots (a power of two)             */
+#define HANDOFF_INFLIGHT 4u  /* most batches between the two threads    */
+#define HANDOFF_BATCH 32u    /* blocks a batch                          */
 #define HANDOFF_MAX_ROUNDS 15
 
 enum row { FLOOR, MAGPOOL, MAGPOOL_ASYNC, CMA, CUB, NROWS };
@@ -66,10 +70,14 @@ typedef struct run {
   double seconds;
   /* The ring: the producer writes slot[head], then head (RELEASE); the
    * consumer reads head (ACQUIRE), then slot[tail], then tail (RELEASE),
-   * which the producer reads (ACQUIRE) before it reuses the slot. */
+   * which the producer reads (ACQUIRE) before it reuses the slot.  A
+   * batch of n == 0 ends the round. */
   _Alignas(64) _Atomic uint64_t head;
   _Alignas(64) _Atomic uint64_t tail;
-  _Alignas(64) void *slot[HANDOFF_RING];
+  _Alignas(64) struct {
+    uint32_t n;
+    void *p[HANDOFF_BATCH];
+  } slot[HANDOFF_RING];
   uint64_t pairs;
   int errors;
 } run;
@@ -80,9 +88,12 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static inline void relax(void) {
+/* A wait step: a pause, and now and then the CPU (two spinning threads
+ * on fewer free CPUs would otherwise wait out whole time slices). */
+static inline void relax(unsigned *spins) {
+  if (++*spins % 1024 == 0) sched_yield();
 #if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
+  else __builtin_ia32_pause();
 #endif
 }
 
@@ -118,36 +129,50 @@ static int free_one(run *r, void *p) {
   }
 }
 
-/* Producer: allocates until time is up, then hands over NULL (the end). */
+/* Producer: allocates until time is up (or an allocation fails), a
+ * batch at a time; then hands over an empty batch (the end). */
 static void *producer(void *arg) {
   run *r = arg;
   const uint64_t end = now_ns() + (uint64_t)(r->seconds * 1e9);
   uint64_t h = 0, i = 0;
-  for (bool done = false; !done; i++) {
-    void *p = NULL;
-    if ((i & 63) == 63 && now_ns() >= end) done = true;
-    else if ((p = alloc_one(r, r->sizes[i % r->nsizes], i)) == NULL) {
-      r->errors++;
-      done = true;
-    }
-    while (h - atomic_load_explicit(&r->tail, memory_order_acquire) >= HANDOFF_INFLIGHT) relax();
-    r->slot[h % HANDOFF_RING] = p;
+  for (bool done = false; !done;) {
+    for (unsigned n = 0; h - atomic_load_explicit(&r->tail, memory_order_acquire) >= HANDOFF_INFLIGHT;)
+      relax(&n);
+    uint32_t k = 0;
+    if (now_ns() < end)
+      for (; k < HANDOFF_BATCH; k++, i++) {
+        void *p = alloc_one(r, r->sizes[i % r->nsizes], i);
+        if (p == NULL) {
+          r->errors++;
+          break;
+        }
+        r->slot[h % HANDOFF_RING].p[k] = p;
+      }
+    done = k < HANDOFF_BATCH;
+    r->slot[h % HANDOFF_RING].n = k;
     atomic_store_explicit(&r->head, ++h, memory_order_release);
+    if (done && k != 0) { /* a failed allocation: the end follows */
+      for (unsigned n = 0; h - atomic_load_explicit(&r->tail, memory_order_acquire) >= HANDOFF_INFLIGHT;)
+        relax(&n);
+      r->slot[h % HANDOFF_RING].n = 0;
+      atomic_store_explicit(&r->head, ++h, memory_order_release);
+    }
   }
   return NULL;
 }
 
-/* Consumer: frees what arrives until the NULL. */
+/* Consumer: frees what arrives until the empty batch. */
 static void *consumer(void *arg) {
   run *r = arg;
-  uint64_t t = 0;
-  for (;;) {
-    while (atomic_load_explicit(&r->head, memory_order_acquire) == t) relax();
-    void *p = r->slot[t % HANDOFF_RING];
+  for (uint64_t t = 0;;) {
+    for (unsigned n = 0; atomic_load_explicit(&r->head, memory_order_acquire) == t;) relax(&n);
+    uint32_t k = r->slot[t % HANDOFF_RING].n;
+    for (uint32_t j = 0; j < k; j++) {
+      if (free_one(r, r->slot[t % HANDOFF_RING].p[j]) != 0) r->errors++;
+      r->pairs++;
+    }
     atomic_store_explicit(&r->tail, ++t, memory_order_release);
-    if (p == NULL) break;
-    if (free_one(r, p) != 0) r->errors++;
-    r->pairs++;
+    if (k == 0) break;
   }
   return NULL;
 }
@@ -162,7 +187,8 @@ static double round_ns(run *r) {
   uint64_t t0 = now_ns();
   if (pthread_create(&b, NULL, consumer, r) != 0) return -1;
   if (pthread_create(&a, NULL, producer, r) != 0) {
-    atomic_store(&r->head, 1); /* slot[0] is NULL: the consumer stops */
+    r->slot[0].n = 0; /* the end: the consumer stops */
+    atomic_store(&r->head, 1);
     pthread_join(b, NULL);
     return -1;
   }

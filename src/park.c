@@ -10,7 +10,7 @@
  *     than half of stream_cache_bytes), and blocks a slot refused (a thief
  *     held it, no magazine), one at a time (mp_park_put);
  *   - a slot's overflow, whole magazines (mp_park_put_chain).
- * An allocation on the stream that misses its slot takes from the park
+ * A slot miss takes a whole magazine (mp_park_take_mag) or one block
  * (mp_park_take) before it goes to the tree.  Reuse is by order; on a
  * chunked pool a run also by cost (its backed chunks must cover the
  * request, best fit within need/8), and every count is a block's cost

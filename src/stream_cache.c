@@ -240,12 +240,18 @@ void *mp_slot_load_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, mp_m
       mp_retire_chain(pool, &sl->e->pending, sl->e->key, s, m, -1);
     return NULL;
   }
-  mp_mag *old = sl->mag[m->order]; /* empty, and no full one behind it: the pop missed */
-  mp_assert(old == NULL || old->count == 0);
-  if (old != NULL) mp_mag_free(pool, old);
-  sl->mag[m->order] = m;
-  void *p = m->slot[--m->count];
-  mp_slot_bytes_add(sl, (int64_t)m->count * (int64_t)mp_block_bytes(pool, m->order));
+  unsigned o = m->order;
+  int64_t bs = (int64_t)mp_block_bytes(pool, o), add = (int64_t)m->count * bs - bs;
+  mp_mag *cur = sl->mag[o];
+  if (cur == NULL || cur->count == 0) { /* the pop missed: empty, nothing behind it */
+    if (cur != NULL) mp_mag_free(pool, cur);
+    sl->mag[o] = cur = m;
+  } else { /* not after a miss (a thief empties what it holds): m goes behind */
+    mp_store_relaxed(&m->next, sl->full[o]);
+    sl->full[o] = m;
+  }
+  void *p = cur->slot[--cur->count];
+  mp_slot_bytes_add(sl, add);
   mp_slot_exit_owner(sl);
   return p;
 }

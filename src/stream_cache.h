@@ -18,10 +18,11 @@ MP_INLINE void mp_slot_bytes_add(mp_sslot *sl, int64_t d) {
   mp_store_relaxed(&sl->bytes, mp_load_relaxed(&sl->bytes) + d);
 }
 
-/* Owner, after a pop missed (the slot's magazine of m's order empty, no
- * full one behind it): m, a magazine off the park (mp_park_take_mag),
- * becomes the slot's, and one block of it is returned.  If a thief holds
- * the slot, m goes back to the park (or behind s) and NULL is returned. */
+/* Owner, after a pop missed: m, a magazine off the park
+ * (mp_park_take_mag), becomes the slot's magazine of its order (or goes
+ * behind it, should that hold blocks), and one block is returned.  If a
+ * thief holds the slot, m goes back to the park (or behind s) and NULL is
+ * returned. */
 void *mp_slot_load_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, mp_mag *m);
 
 #endif /* MAGPOOL_STREAM_CACHE_H */
