@@ -58,9 +58,17 @@ def run(ev, passes=3, slack=(8, 0.015), alias=True, aware=False, max_stale=None)
             flippable.remove(c)
         cnt['unmaps'] += 1
 
-    class Score:           # what Runs.alloc reads: the chunks placement counts as mapped
-        def __init__(self):
-            self.l = SortedList()
+    def give(blk):
+        t, off, k, n, s = blk
+        if isinstance(t, hwm.Runs):
+            t.free(off >> CHLOG, (n + CH - 1) >> CHLOG)
+        else:
+            t.push(off, k)
+        for c in range(off >> CHLOG, ((off + n - 1) >> CHLOG) + 1):
+            ref[c] -= 1
+            if ref[c] == 0:
+                st['busy'] -= 1
+                set_empty(live_of[c], True)
 
     for p in range(passes):
         live = {}
@@ -80,17 +88,7 @@ def run(ev, passes=3, slack=(8, 0.015), alias=True, aware=False, max_stale=None)
                     off = t.alloc((n + CH - 1) >> CHLOG, sc) << CHLOG
                 else:
                     t = small
-                    j, off = t.lowest(k)
-                    if j > 20:
-                        for c in empty.irange(0, (1 << 22) - 1):
-                            hd = t.holder(c << CHLOG, CHLOG)
-                            if hd:
-                                off = t.take(hd[0], hd[1], k, c << CHLOG)
-                                break
-                        else:
-                            off = t.take(j, off, k, off)
-                    else:
-                        off = t.take(j, off, k, off)
+                    off = hwm.take_small(t, k, empty, 1 << 22)
                 c0, c1 = off >> CHLOG, (off + n - 1) >> CHLOG
                 newb = [c for c in range(c0, c1 + 1) if ref[c] == 0]
                 st['busy'] += len(newb)
@@ -140,27 +138,11 @@ def run(ev, passes=3, slack=(8, 0.015), alias=True, aware=False, max_stale=None)
                 peak_live = max(peak_live, cur)
                 peak_mapped = max(peak_mapped, len(live_of))
             else:
-                t, off, k, n, s = live.pop(aid)
-                cur -= s
-                if isinstance(t, hwm.Runs):
-                    t.free(off >> CHLOG, (n + CH - 1) >> CHLOG)
-                else:
-                    t.push(off, k)
-                for c in range(off >> CHLOG, ((off + n - 1) >> CHLOG) + 1):
-                    ref[c] -= 1
-                    if ref[c] == 0:
-                        st['busy'] -= 1
-                        set_empty(live_of[c], True)
-        for aid, (t, off, k, n, s) in list(live.items()):
-            if isinstance(t, hwm.Runs):
-                t.free(off >> CHLOG, (n + CH - 1) >> CHLOG)
-            else:
-                t.push(off, k)
-            for c in range(off >> CHLOG, ((off + n - 1) >> CHLOG) + 1):
-                ref[c] -= 1
-                if ref[c] == 0:
-                    st['busy'] -= 1
-                    set_empty(live_of[c], True)
+                blk = live.pop(aid)
+                cur -= blk[4]
+                give(blk)
+        for blk in list(live.values()):
+            give(blk)
         out.append(dict(pass_=p + 1, fp=peak_mapped * CH / peak_live, stale=len(stale), **cnt))
     return out
 

@@ -111,6 +111,19 @@ class Runs:
         self.runs[s] = n
 
 
+def take_small(t, k, empty, top):
+    """Small-aware placement in tree t for an order-k block: the lowest free block, unless that splits a
+    free block of 2 MiB or more; then the lowest mapped empty chunk below chunk `top` whose addresses are
+    free, if any (alias.py, units.py)."""
+    j, off = t.lowest(k)
+    if j > 20:
+        for c in empty.irange(0, top - 1):
+            hd = t.holder(c << CHLOG, CHLOG)
+            if hd:
+                return t.take(hd[0], hd[1], k, c << CHLOG)
+    return t.take(j, off, k, off)
+
+
 def load(path):
     ev = []
     for l in gzip.open(path, 'rt'):

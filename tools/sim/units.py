@@ -13,17 +13,15 @@
 import argparse
 import os
 from collections import defaultdict
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedList
 
 import hwm
 
 CH, CHLOG = hwm.CH, hwm.CHLOG
 
 
-class URuns:
-    """Free runs in units, from unit `base` on."""
-    def __init__(self, base, n):
-        self.runs = SortedDict({base: n})
+class URuns(hwm.Runs):
+    """Free runs in units, from unit `base` on (hwm.Runs' list and free; its own placement)."""
 
     def alloc(self, m, upc, cost, mapped, fit=False):
         """cost(a, m) -> (chunks to map, -busy chunks shared): lower is better.  mapped: SortedList of
@@ -53,19 +51,6 @@ class URuns:
         if st + m < s + L:
             self.runs[st + m] = s + L - st - m
         return st
-
-    def free(self, s, n):
-        i = self.runs.bisect_left(s)
-        if i < len(self.runs):
-            ns = self.runs.keys()[i]
-            if ns == s + n:
-                n += self.runs.pop(ns)
-        if i > 0:
-            ps = self.runs.keys()[i - 1]
-            if ps + self.runs[ps] == s:
-                n += self.runs.pop(ps)
-                s = ps
-        self.runs[s] = n
 
 
 def run(ev, unit=CH, passes=3, slack=(8, 0.015), run_min=CH, fit=False):
@@ -110,17 +95,7 @@ def run(ev, unit=CH, passes=3, slack=(8, 0.015), run_min=CH, fit=False):
                 else:
                     t = small
                     k = max((n - 1).bit_length(), 6)
-                    j, off = t.lowest(k)
-                    if j > 20:
-                        for c in empty.irange(0, RB - 1):
-                            hd = t.holder(c << CHLOG, CHLOG)
-                            if hd:
-                                off = t.take(hd[0], hd[1], k, c << CHLOG)
-                                break
-                        else:
-                            off = t.take(j, off, k, off)
-                    else:
-                        off = t.take(j, off, k, off)
+                    off = hwm.take_small(t, k, empty, RB)
                 c0, c1 = off >> CHLOG, (off + n - 1) >> CHLOG
                 newb = [c for c in range(c0, c1 + 1) if ref[c] == 0]
                 st['busy'] += len(newb)
