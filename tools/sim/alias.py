@@ -60,10 +60,7 @@ def run(ev, passes=3, slack=(8, 0.015), alias=True, aware=False, max_stale=None)
 
     def give(blk):
         t, off, k, n, s = blk
-        if isinstance(t, hwm.Runs):
-            t.free(off >> CHLOG, (n + CH - 1) >> CHLOG)
-        else:
-            t.push(off, k)
+        t.give(off, k, n)
         for c in range(off >> CHLOG, ((off + n - 1) >> CHLOG) + 1):
             ref[c] -= 1
             if ref[c] == 0:

@@ -55,6 +55,10 @@ class Buddy:
                 return j, a
         return None
 
+    def give(self, off, k, n):
+        """Block (off, order k, n bytes) back (release)."""
+        self.push(off, k)
+
     def push(self, off, k):
         while k < self.log:
             b = off ^ (1 << k)
@@ -90,12 +94,20 @@ class Runs:
                 if best is None or key < best[0]:
                     best = (key, s, L, st)
         _, s, L, st = best
+        return self.cut(s, L, st, m)
+
+    def cut(self, s, L, st, m):
+        """Takes [st, st + m) out of free run [s, s + L); returns st."""
         del self.runs[s]
         if st > s:
             self.runs[s] = st - s
         if st + m < s + L:
             self.runs[st + m] = s + L - st - m
         return st
+
+    def give(self, off, k, n):
+        """Block at byte offset off of n bytes back (release)."""
+        self.free(off >> CHLOG, (n + CH - 1) >> CHLOG)
 
     def free(self, s, n):
         i = self.runs.bisect_left(s)
@@ -257,30 +269,10 @@ def run(ev, slack=0, victim='hi', small_aware=False, large_aware=False, sep=Fals
                     t = tree(stream, n >= CH)
                     off = place(t, k, n)
                 c0, c1 = off >> CHLOG, (off + n - 1) >> CHLOG
-                prev = None
-                newb = [c for c in range(c0, c1 + 1) if ref[c] == 0]
-                st['busy'] += len(newb)
-                if st['busy'] > st['H']:
-                    st['H'] = st['busy']
-                for c in newb:
-                    if c in mapped:
-                        empty.remove(c)
-                for c in newb:
-                    if c in mapped:
-                        continue
-                    if len(mapped) < limit() or not empty:
-                        creates += 1
-                    else:
-                        v = pick_victim(c)
-                        empty.remove(v)
-                        mapped.discard(v)
-                        moves += 1
-                    mapped.add(c)
-                    if prev != c - 1:
-                        runs += 1
-                    prev = c
-                for c in range(c0, c1 + 1):
-                    ref[c] += 1
+                made, victims = take_chunks(c0, c1, ref, mapped, empty, st, limit, pick_victim)
+                creates += len(made) - len(victims)
+                moves += len(victims)
+                runs += sum(1 for i, c in enumerate(made) if i == 0 or made[i - 1] != c - 1)
                 live[aid] = (t, off, k, n, s)
                 cur += s
                 if cur > peak_live:
@@ -298,12 +290,36 @@ def run(ev, slack=0, victim='hi', small_aware=False, large_aware=False, sep=Fals
     return out
 
 
+def take_chunks(c0, c1, ref, mapped, empty, st, limit, pick_victim):
+    """A block over chunks [c0, c1]: counts them busy (raising H), then maps those not mapped: creates
+    while mapped < limit(), else moves the victim pick_victim(c) names.  Returns (the chunks mapped, in
+    order; the victims unmapped for them)."""
+    newb = [c for c in range(c0, c1 + 1) if ref[c] == 0]
+    st['busy'] += len(newb)
+    if st['busy'] > st['H']:
+        st['H'] = st['busy']
+    for c in newb:
+        if c in mapped:
+            empty.remove(c)
+    made, victims = [], []
+    for c in newb:
+        if c in mapped:
+            continue
+        if not (len(mapped) < limit() or not empty):
+            v = pick_victim(c)
+            empty.remove(v)
+            mapped.discard(v)
+            victims.append(v)
+        mapped.add(c)
+        made.append(c)
+    for c in range(c0, c1 + 1):
+        ref[c] += 1
+    return made, victims
+
+
 def release(blk, ref, empty, st):
     t, off, k, n, s = blk
-    if isinstance(t, Runs):
-        t.free(off >> CHLOG, (n + CH - 1) >> CHLOG)
-    else:
-        t.push(off, k)
+    t.give(off, k, n)
     for c in range(off >> CHLOG, ((off + n - 1) >> CHLOG) + 1):
         ref[c] -= 1
         if ref[c] == 0:

@@ -21,7 +21,14 @@ CH, CHLOG = hwm.CH, hwm.CHLOG
 
 
 class URuns(hwm.Runs):
-    """Free runs in units, from unit `base` on (hwm.Runs' list and free; its own placement)."""
+    """Free runs of `unit` bytes a unit, from unit `base` on (hwm.Runs' list and free; its own
+    placement).  A run block's k is its length in units."""
+    def __init__(self, base, n, unit):
+        super().__init__(base, n)
+        self.unit = unit
+
+    def give(self, off, k, n):
+        self.free(off // self.unit, k)
 
     def alloc(self, m, upc, cost, mapped, fit=False):
         """cost(a, m) -> (chunks to map, -busy chunks shared): lower is better.  mapped: SortedList of
@@ -45,19 +52,14 @@ class URuns(hwm.Runs):
             if best is not None and best[0][0] == 0 and best[0][1 if fit else 2] == m:
                 break
         _, s, L, st = best
-        del self.runs[s]
-        if st > s:
-            self.runs[s] = st - s
-        if st + m < s + L:
-            self.runs[st + m] = s + L - st - m
-        return st
+        return self.cut(s, L, st, m)
 
 
 def run(ev, unit=CH, passes=3, slack=(8, 0.015), run_min=CH, fit=False):
     upc = CH // unit
     small = hwm.Buddy(0, 43)
     RB = 1 << 22                       # run space: chunks [2^22, 2^23)
-    runs = URuns(RB * upc, (1 << 22) * upc)
+    runs = URuns(RB * upc, (1 << 22) * upc, unit)
     ref = defaultdict(int)
     mapped = set()
     msl = SortedList()               # mapped, sorted
@@ -97,27 +99,14 @@ def run(ev, unit=CH, passes=3, slack=(8, 0.015), run_min=CH, fit=False):
                     k = max((n - 1).bit_length(), 6)
                     off = hwm.take_small(t, k, empty, RB)
                 c0, c1 = off >> CHLOG, (off + n - 1) >> CHLOG
-                newb = [c for c in range(c0, c1 + 1) if ref[c] == 0]
-                st['busy'] += len(newb)
-                st['H'] = max(st['H'], st['busy'])
-                for c in newb:
-                    if c in mapped:
-                        empty.remove(c)
-                for c in newb:
-                    if c in mapped:
-                        continue
-                    if len(mapped) < limit() or not empty:
-                        creates += 1
-                    else:
-                        v = empty[-1]
-                        empty.remove(v)
-                        mapped.discard(v)
-                        msl.remove(v)
-                        moves += 1
-                    mapped.add(c)
+                made, victims = hwm.take_chunks(c0, c1, ref, mapped, empty, st, limit,
+                                                lambda c: empty[-1])
+                creates += len(made) - len(victims)
+                moves += len(victims)
+                for v in victims:
+                    msl.remove(v)
+                for c in made:
                     msl.add(c)
-                for c in range(c0, c1 + 1):
-                    ref[c] += 1
                 live[aid] = (t, off, k, n, s)
                 cur += s
                 peak_live = max(peak_live, cur)
@@ -125,25 +114,12 @@ def run(ev, unit=CH, passes=3, slack=(8, 0.015), run_min=CH, fit=False):
             else:
                 blk = live.pop(aid)
                 cur -= blk[4]
-                give(blk, ref, empty, st, unit)
+                hwm.release(blk, ref, empty, st)
         for blk in list(live.values()):
-            give(blk, ref, empty, st, unit)
+            hwm.release(blk, ref, empty, st)
         out.append(dict(pass_=p + 1, fp=peak_mapped * CH / peak_live, creates=creates, moves=moves,
                         mapped=len(mapped), H=st['H']))
     return out
-
-
-def give(blk, ref, empty, st, unit):
-    t, off, k, n, s = blk
-    if isinstance(t, URuns):
-        t.free(off // unit, k)
-    else:
-        t.push(off, k)
-    for c in range(off >> CHLOG, ((off + n - 1) >> CHLOG) + 1):
-        ref[c] -= 1
-        if ref[c] == 0:
-            empty.add(c)
-            st['busy'] -= 1
 
 
 if __name__ == '__main__':
