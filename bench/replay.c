@@ -29,6 +29,7 @@ static const char usage_text[] =
     "usage: magpool-replay TRACE... [--kind host|device|pinned] [--mode sync|async]\n"
     "           [--allocator magpool|cudaMallocAsync|cudaMalloc|cub|all]\n"
     "           [--pool-size B] [--cap B] [--passes N] [--csv FILE] [--stats]\n"
+    "                     [--evict B]\n"
     "           [--lag N]\n"
     "\n"
     "Replays each TRACE (text or gzip: `a ID SIZE STREAM` / `f ID STREAM` lines)\n"
@@ -61,6 +62,12 @@ static const char usage_text[] =
     "                 (N to 2N events behind), or for 2 ms at most (so that a\n"
     "                 wait for a stream ends).  A footprint measurement: the\n"
     "                 passes' timing depends on the machine's scheduling\n"
+    "  --evict B      before each event, read and write one byte of every\n"
+    "                 cache line of a B-byte buffer (the program's own work\n"
+    "                 between two calls, which pushes the allocator's data\n"
+    "                 out of the caches), and time each call alone: a pass's\n"
+    "                 ns_per_event is then its calls' time.  2M empties a core's\n"
+    "                 own caches on most machines; 64M the shared one too\n"
     "  -h, --help     this text\n"
     "B takes a suffix K, M or G (powers of 1024), or is plain bytes.\n";
 
@@ -133,7 +140,7 @@ int main(int argc, char **argv) {
       {"cap", required_argument, NULL, 'c'},       {"passes", required_argument, NULL, 'p'},
       {"csv", required_argument, NULL, 'o'},       {"help", no_argument, NULL, 'h'},
       {"stats", no_argument, NULL, 'S'},         {"lag", required_argument, NULL, 'L'},
-      {NULL, 0, NULL, 0}};
+      {"evict", required_argument, NULL, 'E'},   {NULL, 0, NULL, 0}};
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -173,6 +180,10 @@ int main(int argc, char **argv) {
       case 'L':
         o.lag = (size_t)parse_count(optarg, 100000000, "--lag: `%s` is not a number from 1 to 100000000");
         break;
+      case 'E':
+        if (parse_bytes(optarg, &o.evict) != 0 || o.evict > ((size_t)1 << 34))
+          usage_error("--evict: `%s` is not a size up to 16G", optarg);
+        break;
       case 'h': fputs(usage_text, stdout); return 0;
       default:
         usage_error("bad option `%s`", argv[optind - 1 > 0 ? optind - 1 : 0]);
@@ -186,6 +197,10 @@ int main(int argc, char **argv) {
     usage_error("%s", "--lag needs --mode async --kind host --allocator magpool");
   else if (o.kind != REPLAY_HOST) (void)replay_cuda_present(); /* device 0, its context */
 
+  if (o.evict != 0 && (o.evict_buf = calloc(1, o.evict)) == NULL) {
+    fprintf(stderr, "magpool-replay: --evict: cannot allocate %zu bytes\n", o.evict);
+    return 1;
+  }
   if (csv_path != NULL) {
     o.csv = fopen(csv_path, "w");
     if (o.csv == NULL) {
@@ -270,5 +285,6 @@ int main(int argc, char **argv) {
   free(names);
   free(ran);
   free(res);
+  free((void *)o.evict_buf);
   return status;
 }

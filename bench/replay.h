@@ -80,6 +80,9 @@ typedef struct replay_opts {
   FILE *csv;             /* NULL: no per-event rows                       */
   int stats;             /* --stats: a STATS line after each magpool pass */
   size_t lag;            /* --lag: host streams held N..2N events behind  */
+  size_t evict;          /* --evict: bytes touched before each event (0:
+                            none); each call is then timed alone          */
+  volatile unsigned char *evict_buf;
 } replay_opts;
 
 /* The outcome of one pass. */
@@ -128,6 +131,38 @@ void replay_cuda_streams_destroy(void **s, uint32_t n);
 /* ------------------------------------------------------------------ */
 
 uint64_t replay_now_ns(void);
+
+/* --evict B (replay_opts.evict): the program's own work between two
+ * allocator calls.  Before each event a runner touches (reads and writes)
+ * one byte of every cache line of a B-byte buffer, replay_evict, which
+ * pushes the allocator's data out of the caches as a real program's work
+ * does; then it times the call alone:
+ *   replay_clock c; replay_clock_start(&c);      at the pass's start
+ *   uint64_t k = replay_call_start(o);          before each call
+ *   replay_call_end(o, &c, k);                  after it
+ *   r->ns = replay_clock_ns(o, &c);              at the pass's end
+ * Ticks are the TSC on x86-64 (CLOCK_MONOTONIC elsewhere), turned into ns
+ * by the pass's own ratio of ticks to wall time.  Without --evict the
+ * calls are not timed one by one, and replay_clock_ns is the pass's wall
+ * time, as before. */
+typedef struct replay_clock {
+  uint64_t ns0, tick0, ticks;
+} replay_clock;
+
+uint64_t replay_tick(void);
+void replay_evict(const replay_opts *o);
+void replay_clock_start(replay_clock *c);
+uint64_t replay_clock_ns(const replay_opts *o, const replay_clock *c);
+
+static inline uint64_t replay_call_start(const replay_opts *o) {
+  if (o->evict == 0) return 0;
+  replay_evict(o);
+  return replay_tick();
+}
+
+static inline void replay_call_end(const replay_opts *o, replay_clock *c, uint64_t k) {
+  if (o->evict != 0) c->ticks += replay_tick() - k;
+}
 
 /* One CSV row (the header is written by replay.c). */
 void replay_csv_row(FILE *f, size_t event, uint64_t live, uint64_t reserved, const char *alloc,

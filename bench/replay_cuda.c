@@ -155,13 +155,16 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
     uint64_t live = 0, peak = 0;
     size_t i, n = t->nevents;
     cudaError_t e = cudaSuccess;
-    const uint64_t t0 = replay_now_ns();
+    replay_clock clk;
+    replay_clock_start(&clk);
     for (i = 0; i < n; i++) {
       const replay_event ev = t->ev[i];
       const uint64_t sz = t->size[ev.slot];
       cudaStream_t s = st[replay_stream(ev)];
+      const uint64_t k0 = replay_call_start(o);
       if (!replay_is_free(ev)) {
         e = cudaMallocAsync(&ptrs[ev.slot], sz, s);
+        replay_call_end(o, &clk, k0);
         if (e != cudaSuccess) {
           ptrs[ev.slot] = NULL;
           r->status = cuda_fail_status(e);
@@ -171,6 +174,7 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
         if (live > peak) peak = live;
       } else {
         e = cudaFreeAsync(ptrs[ev.slot], s);
+        replay_call_end(o, &clk, k0);
         if (e != cudaSuccess) {
           r->status = cuda_fail_status(e);
           break;
@@ -184,7 +188,7 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
         replay_csv_row(o->csv, i, live, cur, "cudaMallocAsync", t->name, p + 1);
       }
     }
-    r->ns = replay_now_ns() - t0;
+    r->ns = replay_clock_ns(o, &clk);
     r->events = i < n ? i + 1 : n;
     r->fail_event = i;
     r->peak_live = peak;
@@ -238,6 +242,7 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
     for (i = 0; i < n; i++) {
       const replay_event ev = t->ev[i];
       const uint64_t sz = t->size[ev.slot];
+      if (o->evict != 0) replay_evict(o); /* each call is timed alone anyway */
       const uint64_t t0 = replay_now_ns();
       if (!replay_is_free(ev)) {
         e = cudaMalloc(&ptrs[ev.slot], sz);
@@ -309,13 +314,16 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
     uint64_t live = 0, peak = 0, peak_res = *cached + *livec;
     size_t i, n = t->nevents;
     cudaError_t e = cudaSuccess;
-    const uint64_t t0 = replay_now_ns();
+    replay_clock clk;
+    replay_clock_start(&clk);
     for (i = 0; i < n; i++) {
       const replay_event ev = t->ev[i];
       const uint64_t sz = t->size[ev.slot];
+      const uint64_t k0 = replay_call_start(o);
       if (!replay_is_free(ev)) {
         e = (cudaError_t)replay_cub_alloc(cub, &ptrs[ev.slot], sz,
                                           (struct CUstream_st *)st[replay_stream(ev)]);
+        replay_call_end(o, &clk, k0);
         if (e != cudaSuccess) {
           ptrs[ev.slot] = NULL;
           r->status = cuda_fail_status(e);
@@ -325,6 +333,7 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
         if (live > peak) peak = live;
       } else {
         e = (cudaError_t)replay_cub_free(cub, ptrs[ev.slot]);
+        replay_call_end(o, &clk, k0);
         if (e != cudaSuccess) {
           r->status = cuda_fail_status(e);
           break;
@@ -336,7 +345,7 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
       if (held > peak_res) peak_res = held;
       if (o->csv != NULL) replay_csv_row(o->csv, i, live, held, "cub", t->name, p + 1);
     }
-    r->ns = replay_now_ns() - t0;
+    r->ns = replay_clock_ns(o, &clk);
     r->events = i < n ? i + 1 : n;
     r->fail_event = i;
     r->peak_live = peak;

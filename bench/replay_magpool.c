@@ -77,12 +77,13 @@ static void lag_mark_all(lagger *lg, magpool_stream_t *st, uint32_t ns, uint64_t
   }
 }
 
-/* One pass.  `async` and `csv != NULL` are constants at every call site,
- * so the timed loop has no test for them. */
+/* One pass.  `async`, `csv != NULL` and `ev` (o->evict != 0) are
+ * constants at every call site, so the timed loop has no test for them. */
 static inline __attribute__((always_inline)) void
 mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptrs, int async,
-        FILE *csv, int pass, replay_result *r, lagger *lg, size_t lag) {
-  const replay_event *ev = t->ev;
+        FILE *csv, int pass, replay_result *r, lagger *lg, size_t lag, const replay_opts *o,
+        int ev) {
+  const replay_event *evs = t->ev;
   const uint64_t *size = t->size;
   const size_t n = t->nevents;
   uint64_t live = 0, peak = 0;
@@ -95,11 +96,13 @@ mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptr
     lg[k].opened = 0;
     pthread_mutex_unlock(&lg[k].mu);
   }
-  const uint64_t t0 = replay_now_ns();
+  replay_clock clk;
+  replay_clock_start(&clk);
   for (i = 0; i < n; i++) {
-    const replay_event e = ev[i];
+    const replay_event e = evs[i];
     if (lg != NULL && i % lag == 0) lag_mark_all(lg, st, t->nstreams, i / lag + 1);
     const uint64_t sz = size[e.slot];
+    const uint64_t k0 = ev ? replay_call_start(o) : 0;
     if (!replay_is_free(e)) {
       void *p = async ? magpool_alloc_async(pool, sz, st[replay_stream(e)])
                       : magpool_alloc(pool, sz);
@@ -107,6 +110,7 @@ mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptr
         r->status = magpool_last_error() == MAGPOOL_ENOMEM ? REPLAY_OOM : REPLAY_ERROR;
         break;
       }
+      if (ev) replay_call_end(o, &clk, k0);
       ptrs[e.slot] = p;
       live += sz;
       if (live > peak) peak = live;
@@ -117,6 +121,7 @@ mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptr
         r->status = REPLAY_ERROR;
         break;
       }
+      if (ev) replay_call_end(o, &clk, k0);
       ptrs[e.slot] = NULL;
       live -= sz;
     }
@@ -126,9 +131,8 @@ mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptr
       replay_csv_row(csv, i, live, total, "magpool", t->name, pass);
     }
   }
-  const uint64_t t1 = replay_now_ns();
+  r->ns = replay_clock_ns(o, &clk);
   for (uint32_t k = 0; lg != NULL && k < t->nstreams; k++) lag_open(&lg[k], UINT64_MAX);
-  r->ns = t1 - t0;
   r->events = i < n ? i + 1 : n;
   r->fail_event = i;
   r->peak_live = peak;
@@ -215,13 +219,16 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
     magpool_reset_peaks(pool);
     magpool_stats_t s0;
     if (magpool_get_stats(pool, &s0) != 0) memset(&s0, 0, sizeof s0);
-    if (async) {
-      if (o->csv) mp_pass(t, pool, st, ptrs, 1, o->csv, p + 1, r, lg, o->lag);
-      else mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lg, o->lag);
-    } else {
-      if (o->csv) mp_pass(t, pool, st, ptrs, 0, o->csv, p + 1, r, NULL, 0);
-      else mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r, NULL, 0);
-    }
+    if (o->csv != NULL) /* timing aside: every event reads the footprint */
+      mp_pass(t, pool, st, ptrs, async, o->csv, p + 1, r, lg, o->lag, o, o->evict != 0);
+    else if (o->evict != 0 && async)
+      mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lg, o->lag, o, 1);
+    else if (o->evict != 0)
+      mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r, NULL, 0, o, 1);
+    else if (async)
+      mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lg, o->lag, o, 0);
+    else
+      mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r, NULL, 0, o, 0);
     magpool_stats_t s;
     if (magpool_get_stats(pool, &s) == 0) {
       r->peak_reserved = s.peak_reserved_bytes;

@@ -18,10 +18,40 @@
 
 #include "replay.h"
 
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
 uint64_t replay_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t replay_tick(void) {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return replay_now_ns();
+#endif
+}
+
+void replay_evict(const replay_opts *o) {
+  volatile unsigned char *b = o->evict_buf;
+  for (size_t k = 0; k < o->evict; k += 64) b[k] = (unsigned char)(b[k] + 1);
+}
+
+void replay_clock_start(replay_clock *c) {
+  c->ticks = 0;
+  c->ns0 = replay_now_ns();
+  c->tick0 = replay_tick();
+}
+
+uint64_t replay_clock_ns(const replay_opts *o, const replay_clock *c) {
+  const uint64_t ns = replay_now_ns() - c->ns0;
+  if (o->evict == 0) return ns;
+  const uint64_t ticks = replay_tick() - c->tick0;
+  return ticks == 0 ? 0 : (uint64_t)((double)c->ticks * (double)ns / (double)ticks);
 }
 
 void replay_csv_row(FILE *f, size_t event, uint64_t live, uint64_t reserved, const char *alloc,

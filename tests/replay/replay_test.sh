@@ -15,8 +15,10 @@
 #   pass in its format, and the default 64 MiB pool, which holds the trace,
 #   neither grows nor maps a chunk; with --lag 5 (streams held behind the
 #   replay) every pass still completes with the same peak_live, and --lag
-#   with sync mode or a device pool is refused (exit 2); a bad argument
-#   exits 2.
+#   with sync mode or a device pool is refused (exit 2); with --evict 64K
+#   (each call timed alone) every pass completes with that peak_live and
+#   a time above 0; a bad argument (--evict 3X or over 16G included) exits
+#   2.
 # footprint: the recorded traces on a HOST pool, sync and async, 2
 #   passes: every pass completes and its ratio is within the trace's
 #   bound (gpt2_train_small 1.10, resnet50_train 1.05,
@@ -102,6 +104,18 @@ smoke)
     # shellcheck disable=SC2086
     "$bin" "$dir/tiny.trace" --lag 5 $bad > /dev/null 2>&1
     [ $? -eq 2 ] || fail "--lag 5 $bad does not exit 2"
+  done
+  for m in sync async; do
+    run "$dir/tiny.trace" --kind host --mode "$m" --evict 64K
+    check_lines 2
+    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+      [ "$(field result "$line")" = completed ] && [ "$(field peak_live "$line")" = 537813 ] &&
+        [ "$(field ns_per_event "$line")" != 0.0 ] || echo "FAIL: --evict: $line"
+    done | grep FAIL && fail "--evict, $m"
+  done
+  for bad in 3X 32G; do
+    "$bin" "$dir/tiny.trace" --evict $bad > /dev/null 2>&1
+    [ $? -eq 2 ] || fail "--evict $bad does not exit 2"
   done
   "$bin" "$dir/tiny.trace" --kind nowhere > /dev/null 2>&1
   [ $? -eq 2 ] || fail "a bad --kind does not exit 2"
