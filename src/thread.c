@@ -19,8 +19,21 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The fast paths' fields fill a record's first two cache lines (records
+ * are line-aligned, below), and what every call reads of the pool its
+ * first three and regions[0] the fourth (pools are aligned too), so that a
+ * call whose lines the program evicted misses as few as it can
+ * (types.h; magpool-replay --evict). */
+_Static_assert(offsetof(mp_tcache, st) == MP_CACHELINE &&
+                   offsetof(mp_tcache, uid) <= 2 * MP_CACHELINE,
+               "mp_tcache: the hot fields are not the first two lines");
+_Static_assert(offsetof(magpool_t, trim_epoch) / MP_CACHELINE == 2 &&
+                   offsetof(magpool_t, regions) / MP_CACHELINE == 3,
+               "magpool_t: the fields every call reads are not lines 0-2");
 
 _Thread_local mp_tcache *mp_tls_last MP_TLS_MODEL;
 static _Thread_local mp_tcache *tls_list;
@@ -106,7 +119,7 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
       tc->uid = pool->uid;
       tc->limit = pool->cfg.thread_cache_bytes;
       tc->s_limit = (int64_t)pool->cfg.stream_cache_bytes; /* no slot yet */
-      tc->shift = pool->min_shift;
+      tc->shift = (uint8_t)pool->min_shift;
       tc->r0_base = pool->regions[0]->base;
       tc->r0_bytes = (size_t)pool->regions[0]->hdr_split << pool->min_shift; /* not run space */
       tc->r0_hdr = pool->regions[0]->hdr;
@@ -149,11 +162,11 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
     mp_tcache_flush(pool, tc, &tc->acct);
     mp_tcache_drop_mags(pool, tc);
   }
-  tc->nclasses = on ? pool->nclasses : 0;
-  tc->cache_max = on ? mp_block_bytes(pool, pool->nclasses - 1) : 0;
+  tc->nclasses = (uint8_t)(on ? pool->nclasses : 0);
+  tc->cache_max = on ? (uint32_t)mp_block_bytes(pool, pool->nclasses - 1) : 0;
   mp_tcache_exit_owner(tc);
-  tc->s_nclasses = son ? pool->s_nclasses : 0;
-  tc->s_cache_max = son ? mp_block_bytes(pool, pool->s_nclasses - 1) : 0;
+  tc->s_nclasses = (uint8_t)(son ? pool->s_nclasses : 0);
+  tc->s_cache_max = son ? (uint32_t)mp_block_bytes(pool, pool->s_nclasses - 1) : 0;
   mp_tls_last = tc;
   return tc;
 }

@@ -410,35 +410,35 @@ enum { MP_TC_FREE = 0, MP_TC_LIVE, MP_TC_EXITING, MP_TC_ORPHAN };
  * after the revoke handshake (mp_tcaches_steal), which accounts the tree
  * traffic in its own acct.  Others read `st`, `acct.held` and `state`. */
 typedef struct mp_tcache {
-  /* Hot: everything the fast paths read, in the first cache lines. */
+  /* Hot: what the fast paths read, in two cache lines (thread.c asserts
+   * it): a call pays a miss a line the program evicted (replay --evict). */
   magpool_t *pool;
   uint64_t epoch;        /* pool->trim_epoch last seen                 */
   mp_revoke rv;          /* the magazines and st.cached: owner inside
                             enter/exit, or a thief (the ladder) holding
                             `thief` after revoke (revoke.h)            */
-  unsigned nclasses;     /* 0 when caching is off or tracking is on    */
-  unsigned s_nclasses;   /* stream-cache classes for the fast paths (0
-                            while tracking is on)                      */
-  size_t s_cache_max;    /* largest stream-cached request (0: none)    */
-  unsigned shift;        /* log2(min_block)                            */
-  size_t cache_max;      /* largest cached request (0: none)           */
-  size_t limit;          /* thread_cache_bytes                         */
   char *r0_base;         /* copies of region 0 (never changes); r0_bytes */
   size_t r0_bytes;       /* is its tree part's (below hdr_split)        */
   _Atomic uint32_t *r0_hdr;
+  /* One-entry stream memo (stream_cache.c): handle -> this thread's slot,
+   * valid until a release closes the slot; every slot it owns (s_slots,
+   * s_nslots), each one's share of stream_cache_bytes, s_limit (owner). */
+  magpool_stream_t s_handle;
+  mp_sslot *s_slot;
+  mp_tstats st;          /* line 2: the counters and limits            */
+  size_t limit;          /* thread_cache_bytes                         */
+  int64_t s_limit;
+  uint32_t cache_max;    /* largest cached request (0: none; <= 16 MiB) */
+  uint32_t s_cache_max;  /* largest stream-cached request (0: none)    */
+  uint8_t shift;         /* log2(min_block)                            */
+  uint8_t nclasses;      /* 0 when caching is off or tracking is on    */
+  uint8_t s_nclasses;    /* stream-cache classes (0 while tracking)    */
+  bool s_check_capture;  /* CUDA streams: frees ask about capture      */
   uint64_t uid;          /* pool->uid when adopted: a destroyed pool's
                             address may be reused by a new pool        */
   mp_acct acct;          /* tree traffic of this thread                */
   mp_tclass cls[MP_MAX_CLASSES];
-  mp_tstats st;
-  /* One-entry stream memo (stream_cache.c): handle -> this thread's slot
-   * in the stream's entry, valid until the slot is closed by a release
-   * (per entry); every slot it owns (s_nslots), and each one's share of
-   * stream_cache_bytes, s_limit (owner only). */
-  magpool_stream_t s_handle;
-  mp_sslot *s_slot;
-  bool s_check_capture;  /* CUDA streams: frees ask about capture     */
-  mp_sslot *s_slots;     unsigned s_nslots;     int64_t s_limit;
+  mp_sslot *s_slots;     unsigned s_nslots;
   _Atomic int state;
   _Atomic uintptr_t thief;       /* thieves' lock: a thief's token, or 0 */
   struct mp_tcache *pool_next;   /* pool list; set before publication  */
@@ -448,24 +448,26 @@ typedef struct mp_tcache {
 /* --------------------------------------------------------- the pool */
 
 struct magpool_s {
+  /* Lines 0-2 (thread.c asserts it): what every call reads, read-mostly. */
   uint64_t uid;
   magpool_config_t cfg;
   unsigned min_shift;          /* log2(min_block)                       */
   unsigned nclasses;           /* cached orders are 0..nclasses-1       */
-  uint32_t mag_cap[MP_MAX_CLASSES];
-  unsigned s_nclasses;         /* stream-cached orders (stream caches
-                                  work with or without thread caches)   */
-  uint32_t s_mag_cap[MP_MAX_CLASSES];
   _Atomic uint64_t trim_epoch; /* bumped by magpool_trim and tracking   */
-
+  struct mp_trace *trace;      /* trace.c recorder, NULL when off (set
+                                  at create)                            */
+  mp_chunks *chunks;           /* NULL: regions are whole (no mapping)  */
   const mp_source_ops *src;    /* the backend: chosen once at create    */
   const mp_stream_ops *sops;
   void *src_ctx;
-
+  unsigned s_nclasses;         /* stream-cached orders (stream caches
+                                  work with or without thread caches)   */
+  _Atomic int tracking;
   _Atomic unsigned nregions;   /* regions[0..nregions) are published    */
   mp_region *regions[MP_MAX_REGIONS];
+  uint32_t mag_cap[MP_MAX_CLASSES];
+  uint32_t s_mag_cap[MP_MAX_CLASSES];
   _Atomic size_t reserved;
-  mp_chunks *chunks;           /* NULL: regions are whole (no mapping)  */
   _Atomic uint64_t grow_count;
   void *grow_lock;             /* pthread_mutex_t * (rank 3)            */
 
@@ -484,9 +486,7 @@ struct magpool_s {
   _Atomic uint32_t mag_nslabs; /* slabs taken (may pass the table's size) */
 
   void *track;                 /* track.c state, NULL when off          */
-  _Atomic int tracking;
 
-  struct mp_trace *trace;      /* trace.c recorder, NULL when off       */
   mp_retire retire;            /* retire.c                              */
   mp_streams *streams;         /* stream_table.c                        */
 
