@@ -23,9 +23,13 @@
  *                    instance, on one CUDA stream
  * Sizes: small = 512 B to 48 KiB (what stream caches hold), mixed = those
  * and 96 KiB, 768 KiB, 3 MiB and 6 MiB (runs, on chunked pools).
- * Output: a line per row and round, then per row
+ * Output: a line per row and round, for the magpool rows their pool's
+ *   POOL allocator=A workload=W peak_reserved_mib=N reserved_mib=N cached_mib=N
+ * after the rounds (the pool: magpool_config_init, so MAGPOOL_CONF
+ * applies, then a 64 MiB pool_size that may grow), then per row
  *   SUMMARY allocator=A workload=handoff-SIZES threads=2 ns_per_pair=X
- * (the median round).  No timing is asserted anywhere (ctest: a smoke run).
+ * (the median round).  No timing is asserted anywhere (ctest: a smoke run,
+ * whose magpool-async row must have held less than 1 GiB).
  */
 #include <magpool.h>
 
@@ -310,6 +314,11 @@ int main(int argc, char **argv) {
              row_names[k], wl, j + 1, x, (unsigned long long)r.pairs);
       if (x > 0) ns[ok++] = x;
     }
+    magpool_stats_t st;
+    if (r.pool != NULL && magpool_get_stats(r.pool, &st) == 0)
+      printf("POOL allocator=%s workload=%s peak_reserved_mib=%zu reserved_mib=%zu cached_mib=%zu\n",
+             row_names[k], wl, st.peak_reserved_bytes >> 20, st.reserved_bytes >> 20,
+             st.cached_bytes >> 20);
     row_teardown(&r, device);
     if (ok != rounds) {
       printf("ROW allocator=%s failed (%d of %d rounds)\n", row_names[k], rounds - ok, rounds);

@@ -256,12 +256,29 @@ void *mp_slot_load_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, mp_m
   return p;
 }
 
+/* A slot's overflow goes to the stream's park, where any thread's
+ * allocations on s reuse it; the park batches the retires. */
+static void park_overflow(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, mp_mag *chain) {
+  if (chain != NULL && !mp_park_put_chain(pool, sl->e, s, chain))
+    mp_retire_chain(pool, &sl->e->pending, sl->e->key, s, chain, -1);
+}
+
 bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void *p,
                         unsigned order) {
   if (!mp_slot_enter_owner(sl)) return false;
-  mp_mag *m = sl->mag[order];
-  if (m != NULL && m->count == m->cap) { /* full: chain it */
-    mp_store_relaxed(&m->next, sl->full[order]);
+  mp_mag *m = sl->mag[order], *chain = NULL;
+  if (m != NULL && m->count == m->cap) { /* full: it stays behind the new one */
+    /* and what was behind goes to the stream's park (below), as a thread
+     * cache's depot: a thread that frees what another allocates on s (a
+     * training step's backward and forward threads) would otherwise hold
+     * it up to its share while the other allocates new blocks.  */
+    if ((chain = sl->full[order]) != NULL) {
+      int64_t gone = 0;
+      for (mp_mag *f = chain; f != NULL; f = mp_load_relaxed(&f->next))
+        gone += (int64_t)f->count * (int64_t)mp_block_bytes(pool, order);
+      mp_slot_bytes_add(sl, -gone);
+    }
+    mp_store_relaxed(&m->next, NULL);
     sl->full[order] = m;
     m = NULL;
   }
@@ -273,24 +290,23 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
     if (fit < (int64_t)cap) cap = fit > 1 ? (uint32_t)fit : 1;
     m = sl->mag[order] = mp_mag_new_cap(pool, order, cap);
   }
-  if (m == NULL) {
+  if (m == NULL) { /* no host memory: p is the caller's, the chain not */
     mp_slot_exit_owner(sl);
+    park_overflow(pool, sl, s, chain);
     return false;
   }
   m->slot[m->count++] = p;
   mp_slot_bytes_add(sl, (int64_t)mp_block_bytes(pool, order));
-  mp_mag *chain = NULL;
   /* Over its share: the full magazines go, and the partial ones too if
    * that is not enough (they were sized for the whole budget). */
   if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) {
-    chain = slot_take_full(pool, sl);
+    mp_mag *more = slot_take_full(pool, sl), *t = more;
+    while (t != NULL && mp_load_relaxed(&t->next) != NULL) t = mp_load_relaxed(&t->next);
+    if (t != NULL) mp_store_relaxed(&t->next, chain), chain = more;
     if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) chain = slot_take_all(pool, sl, chain);
   }
   mp_slot_exit_owner(sl);
-  /* The overflow goes to the stream's park, where any thread's
-   * allocations on s reuse it; the park batches the retires. */
-  if (chain != NULL && !mp_park_put_chain(pool, sl->e, s, chain))
-    mp_retire_chain(pool, &sl->e->pending, sl->e->key, s, chain, -1);
+  park_overflow(pool, sl, s, chain);
   return true;
 }
 

@@ -447,6 +447,57 @@ Test(park, a_slot_miss_takes_a_whole_parked_magazine, .timeout = 60) {
   finish(pool, 64 * MiB, &s, 1);
 }
 
+/* A slot keeps one full magazine of a class behind the loaded one; what
+ * was behind goes to the park.  Thread B frees on S, well within its
+ * share of a 64 MiB stream cache, NSMALL blocks this thread allocated,
+ * and stays alive (its exit would return its slot): all but two
+ * magazines of them are in S's park for this thread to refill from.
+ * Before, B's slot held all of them, and this thread, missing, would have
+ * allocated new blocks. */
+typedef struct xfree_wait {
+  xfree x;
+  flag freed, done;
+} xfree_wait;
+
+static void *free_on_s_and_wait(void *arg) {
+  xfree_wait *w = arg;
+  free_on_s(&w->x);
+  flag_set(&w->freed);
+  flag_wait(&w->done);
+  return NULL;
+}
+
+Test(park, a_slot_keeps_one_full_magazine_behind_the_loaded_one, .timeout = 60) {
+  magpool_t *pool =
+      mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .chunk = 128 * MiB, .stream_cache = 64 * MiB});
+  magpool_stream_t s = stream_new();
+  gate g;
+  gate_hold(&g, s);
+  static void *p[NSMALL], *q[NSMALL];
+  for (int i = 0; i < NSMALL; i++) cr_assert_not_null(p[i] = magpool_alloc_async(pool, SMALL, s));
+  xfree_wait w = {.x = {pool, s, p, NSMALL}, .freed = FLAG_INIT, .done = FLAG_INIT};
+  pthread_t b;
+  cr_assert_eq(pthread_create(&b, NULL, free_on_s_and_wait, &w), 0);
+  flag_wait(&w.freed);
+  unsigned order;
+  cr_assert_eq(mp_size_order(pool, SMALL, &order), 0);
+  int64_t cap = pool->s_mag_cap[order], parked = atomic_load(&entry_of(pool, s)->park.bytes);
+  int64_t least = (int64_t)(NSMALL - 2 * cap) * (int64_t)SMALL;
+  cr_assert_gt(least, 0, "the test needs more than two magazines of blocks");
+  cr_assert_geq(parked, least, "B's slot kept %lld of %lld bytes it freed, over two magazines",
+                (long long)((int64_t)NSMALL * SMALL - parked), (long long)NSMALL * SMALL);
+  /* This thread's allocations reuse them: nothing new from the tree. */
+  for (int i = 0; i < NSMALL - 2 * cap; i++) {
+    cr_assert_not_null(q[i] = magpool_alloc_async(pool, SMALL, s));
+    cr_assert(one_of(p, NSMALL, q[i]), "block %d is not one that B freed on S", i);
+  }
+  for (int i = 0; i < NSMALL - 2 * cap; i++) cr_assert_eq(magpool_free_async(pool, q[i], s), 0);
+  flag_set(&w.done);
+  pthread_join(b, NULL);
+  gate_release(&g, s);
+  finish(pool, 64 * MiB, &s, 1);
+}
+
 /* A thief between the two halves of a refill: thread A's allocation took
  * a magazine off the park and stops (MP_HOOK_PARK_TAKE, the park's lock
  * held); magpool_stream_release steals A's slot and closes it, then waits
