@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+import torch_gpu
+
 
 def child(args):
     if args.cpus:
@@ -86,13 +88,7 @@ def main():
     if args.child:
         child(args)
         return
-    try:
-        import torch
-        if not torch.cuda.is_available():
-            raise ImportError("no CUDA device")
-    except Exception as e:  # noqa: BLE001
-        print("alloc_micro: skipped:", e)
-        sys.exit(77)
+    torch_gpu.require("alloc_micro")
     os.makedirs(args.out, exist_ok=True)
     confs = args.magpool_conf.split(";")
     labels = [("torch", "")] + [("magpool", c) for c in confs]

@@ -37,6 +37,8 @@ import subprocess
 import sys
 import time
 
+import torch_gpu
+
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -209,14 +211,7 @@ def timed(st, steps):
 
 
 def compare(args):
-    try:
-        import torch
-        import transformers  # noqa: F401
-        if not torch.cuda.is_available():
-            raise ImportError("no CUDA device")
-    except Exception as e:  # noqa: BLE001
-        print("gpt2_parity: skipped:", e)
-        sys.exit(77)
+    torch_gpu.require("gpt2_parity", "transformers")
     os.makedirs(args.out, exist_ok=True)
     tag = ("ddp-" + args.backend + ("-one-gpu" if args.one_gpu else "")) if args.ddp else "single"
     confs = args.magpool_conf.split(";")
