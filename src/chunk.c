@@ -274,8 +274,7 @@ static void busy_sub(magpool_t *pool, const extent *e) {
   if (own) mp_fetch_sub_relaxed(&c->nbusy, e->n);
 }
 
-/* Above release_threshold, unmaps empty chunks (not below keep).  Skips
- * if the lock is busy: the next give tries again. */
+/* Unmaps empty chunks above release_threshold (not below keep); skips if the lock is busy. */
 static void release_excess(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
   pthread_mutex_t *lk = lock_of(c);
@@ -292,16 +291,17 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   mp_chunks *c = pool->chunks;
   extent e = extent_of(pool, p, order, need);
   if (mp_block_bytes(pool, order) >= c->chunk) mp_store_relaxed(&c->ext[e.first], (uint32_t)e.n);
-  /* Run space: relaxed stores, then one seq_cst fence before the state
-   * loads stands for the RMWs in the store-buffer argument above. */
+  /* own (fenced, busy already): relaxed stores and a seq_cst fence stand for the RMWs above */
   bool own = owned(c, &e);
+  const uint64_t end = e.first + e.n; /* &e escapes: read once */
+  const uint32_t u = (uint32_t)e.units;
   uint64_t fresh = 0;
-  for (uint64_t i = e.first; i < e.first + e.n; i++)
-    if (own) { /* a fenced chunk (runs.h) is busy already */
+  if (!own)
+    for (uint64_t i = e.first; i < end; i++) fresh += mp_fetch_add_seq_cst(&c->busy[i], u) == 0;
+  else
+    for (uint64_t i = e.first; i < end; i++) {
       fresh += mp_load_relaxed(&c->busy[i]) == 0;
-      mp_store_relaxed(&c->busy[i], (uint32_t)e.units);
-    } else {
-      fresh += mp_fetch_add_seq_cst(&c->busy[i], (uint32_t)e.units) == 0;
+      mp_store_relaxed(&c->busy[i], u);
     }
   if (own) mp_fence_seq_cst();
   if (fresh != 0) {
@@ -317,8 +317,8 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   }
   MP_HOOK(MP_HOOK_CHUNK_TAKE, c->base + (e.first << c->shift));
   uint64_t i = e.first;
-  while (i < e.first + e.n && mp_load_seq_cst(&c->state[i]) == MP_CHUNK_MAPPED) i++;
-  if (MP_LIKELY(i == e.first + e.n)) return 0;
+  while (i < end && mp_load_seq_cst(&c->state[i]) == MP_CHUNK_MAPPED) i++;
+  if (MP_LIKELY(i == end)) return 0;
 
   /* Slow path: map what is not mapped, run by run. */
   pthread_mutex_t *lk = lock_of(c);

@@ -26,6 +26,7 @@
 
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define NIL UINT32_MAX
 /* Free runs looked at per request, at most (longest lists first). */
@@ -136,6 +137,27 @@ static inline void fbit_put(mp_runs *r, uint32_t k, bool on) {
   count(&r->nfenced, on);
   if (rbit(r, k)) count(&r->nretired, on);
 }
+/* The bits of word wi that lie in [a, b). */
+static inline uint64_t word_mask(uint32_t a, uint32_t b, uint32_t wi) {
+  uint64_t lo = (uint64_t)wi * 64, m = ~(uint64_t)0;
+  if (a > lo) m &= ~(uint64_t)0 << (a - lo);
+  if (b < lo + 64) m &= ~(uint64_t)0 >> (lo + 64 - b);
+  return m;
+}
+
+/* Chunks [a, b) out of fbits, a word at a time: fbit_put(k, false) for
+ * each one in it. */
+static void fbits_clear(mp_runs *r, uint32_t a, uint32_t b) {
+  uint64_t down = 0, dret = 0;
+  for (uint32_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
+    uint64_t f = r->fbits[wi] & word_mask(a, b, wi);
+    r->fbits[wi] &= ~f;
+    down += (uint64_t)__builtin_popcountll(f);
+    dret += (uint64_t)__builtin_popcountll(f & r->rbits[wi]);
+  }
+  count_add(&r->nfenced, -down);
+  count_add(&r->nretired, -dret);
+}
 /* Chunk k's batch retired (on) or the chunk out of any batch (off). */
 static inline void rbit_put(mp_runs *r, uint32_t k, bool on) {
   if (rbit(r, k) == on) return;
@@ -245,9 +267,7 @@ take:;
   if (b.at > s) list_push(r, s, b.at - s);
   if (b.at + m < s + len) list_push(r, b.at + m, s + len - (b.at + m));
   /* The owner's fenced chunks leave fbits, keeping busy count and tag. */
-  if (mp_load_relaxed(&r->nfenced) != 0)
-    for (uint32_t k = b.at; k < b.at + m; k++)
-      if (fbit(r, k)) fbit_put(r, k, false);
+  if (mp_load_relaxed(&r->nfenced) != 0) fbits_clear(r, b.at, b.at + m);
   runs_unlock(r);
   return (int64_t)b.at;
 }
@@ -272,10 +292,14 @@ static void insert(mp_runs *r, uint32_t s, uint32_t m) {
 void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
   mp_runs *r = &pool->chunks->runs;
   runs_lock(r);
-  for (uint32_t k = s; k < s + m; k++) {
-    r->tag[k] = 0;
-    rbit_put(r, k, false);
+  memset(&r->tag[s], 0, (size_t)m * sizeof r->tag[0]);
+  uint64_t dret = 0; /* rbit_put(k, false) for each, a word at a time */
+  for (uint32_t wi = s / 64; wi <= (s + m - 1) / 64; wi++) {
+    uint64_t w = r->rbits[wi] & word_mask(s, s + m, wi);
+    r->rbits[wi] &= ~w;
+    dret += (uint64_t)__builtin_popcountll(w & r->fbits[wi]);
   }
+  count_add(&r->nretired, -dret);
   insert(r, s, m);
   runs_unlock(r);
 }
@@ -304,14 +328,6 @@ uint32_t mp_runs_tag(magpool_t *pool) {
   if (t == 0) t = ++r->next_tag;
   runs_unlock(r);
   return t;
-}
-
-/* The bits of word wi that lie in [a, b). */
-static inline uint64_t word_mask(uint32_t a, uint32_t b, uint32_t wi) {
-  uint64_t lo = (uint64_t)wi * 64, m = ~(uint64_t)0;
-  if (a > lo) m &= ~(uint64_t)0 << (a - lo);
-  if (b < lo + 64) m &= ~(uint64_t)0 >> (lo + 64 - b);
-  return m;
 }
 
 /* A live run's chunks are never in fbits (mp_runs_alloc takes its window

@@ -145,6 +145,37 @@ Test(fence, a_blocked_streams_run_is_its_own_at_once, .timeout = 60) {
   finish(pool, PS, s, 2);
 }
 
+/* A run over several words of the fence bitmaps (fbits, rbits): its
+ * chunks leave them a word at a time when S takes the run back, and the
+ * counts (nfenced, nretired) follow (magpool_check: mp_runs_check). */
+Test(fence, a_run_over_bitmap_words_leaves_them_whole, .timeout = 60) {
+  const size_t PS = 512 * MiB, PAD = 30 * CHUNK, RUN = 100 * CHUNK;
+  magpool_t *pool = fence_pool(PS, 0);
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_hold(&g, S);
+  void *pad = magpool_alloc(pool, PAD);
+  cr_assert_not_null(pad);
+  void *x = magpool_alloc_async(pool, RUN, S);
+  cr_assert_not_null(x);
+  uint32_t k0 = rchunk(pool, x), n = (uint32_t)(RUN / CHUNK);
+  cr_assert_neq(k0 / 64, (k0 + n - 1) / 64, "run at chunk %u does not cross a word", k0);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  for (uint32_t k = k0; k < k0 + n; k++) cr_assert(fenced(pool, k), "chunk %u not fenced", k);
+  cr_assert_eq(atomic_load(&pool->chunks->runs.nfenced), n);
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check with a fenced run over three words");
+  void *y = magpool_alloc_async(pool, RUN, S);
+  cr_assert_eq(y, x, "S did not get back the run it freed");
+  for (uint32_t k = k0; k < k0 + n; k++) cr_assert_not(fenced(pool, k), "chunk %u still fenced", k);
+  cr_assert_eq(atomic_load(&pool->chunks->runs.nfenced), 0);
+  cr_assert_eq(atomic_load(&pool->chunks->runs.nretired), 0);
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check after the run was taken back");
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_free(pool, pad), 0);
+  gate_release(&g, S);
+  finish(pool, PS, &S, 1);
+}
+
 Test(fence, the_stream_joins_its_fenced_runs, .timeout = 60) {
   const size_t PS = 64 * MiB;
   magpool_t *pool = fence_pool(PS, 0);
