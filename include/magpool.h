@@ -280,6 +280,12 @@ typedef struct magpool_stats {
                                 at the peak (streams running behind their
                                 host hold that much; approximate while
                                 several threads grow the pool at once)    */
+  uint64_t stream_batches;   /* batches of frees queued behind a stream,
+                                ever: each one is a stream callback, a host
+                                function in the stream that holds the
+                                stream's later work until the host has run
+                                it (frees on a stream that had passed them
+                                go back at once and queue none)           */
 } magpool_stats_t;
 
 /* ------------------------------------------------------------------------ */

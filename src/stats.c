@@ -112,6 +112,7 @@ int magpool_get_stats(magpool_t *pool, magpool_stats_t *out) {
   out->peak_reserved_bytes = mp_max_relaxed_size(&pool->peak_reserved, out->reserved_bytes);
   int64_t pp = mp_load_relaxed(&pool->pending_at_peak);
   out->pending_at_peak_bytes = pp > 0 ? (size_t)pp : 0;
+  out->stream_batches = mp_load_relaxed(&pool->retire.batches);
   return 0;
 }
 

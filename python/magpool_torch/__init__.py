@@ -51,7 +51,7 @@ class _Stats(ctypes.Structure):
         "num_alloc_retries", "num_ooms", "alloc_count", "free_count", "live_count",
         "pool_created", "grow_count", "alloc_ns", "free_ns", "slow_allocs", "max_alloc_ns",
         "chunk_maps", "chunk_unmaps", "chunk_moves", "pending_at_peak", "cached_current",
-        "free_current", "pending_current")]
+        "free_current", "pending_current", "stream_batches")]
 
 
 def library_path():
@@ -183,7 +183,9 @@ def memory_stats(device=None):
     calls, each a driver call of tens of us), pending_at_peak (bytes freed
     on streams that had not reached the frees when reserved bytes last
     peaked), cached_bytes, free_bytes and pending_bytes (magpool_stats_t's,
-    now: where reserved memory that holds no live block is), and the time
+    now: where reserved memory that holds no live block is), stream_batches
+    (batches of frees queued behind streams, ever: each a host function in
+    the stream that holds its later work until the host has run it), and the time
     spent in the allocator's entry points (alloc_ns, free_ns, slow_allocs
     over 100 us, max_alloc_ns; 0 unless timing is on: enable(timing=True)
     or MAGPOOL_TORCH_TIMING=1)."""
@@ -213,6 +215,7 @@ def memory_stats(device=None):
         "magpool.cached_bytes": st.cached_current,
         "magpool.free_bytes": st.free_current,
         "magpool.pending_bytes": st.pending_current,
+        "magpool.stream_batches": st.stream_batches,
     }
 
 

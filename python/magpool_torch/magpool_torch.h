@@ -43,6 +43,7 @@ typedef struct magpool_torch_stats {
   uint64_t cached_current;    /* the pool's cached_bytes, free_bytes */
   uint64_t free_current;      /* and pending_bytes now               */
   uint64_t pending_current;
+  uint64_t stream_batches;    /* the pool's stream_batches           */
 } magpool_torch_stats;
 
 /* The CUDAPluggableAllocator alloc entry point: size bytes on device,

@@ -275,6 +275,7 @@ SHIM_API int magpool_torch_get_stats(int device, magpool_torch_stats *out) {
       out->cached_current = st.cached_bytes;
       out->free_current = st.free_bytes;
       out->pending_current = st.pending_bytes;
+      out->stream_batches = st.stream_batches;
     }
     out->pool_created = 1;
   }

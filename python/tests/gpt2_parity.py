@@ -156,7 +156,8 @@ def child(args):
         if st_warm is not None:
             res["magpool_steady"] = {k: st[k] - st_warm[k] for k in (
                 "magpool.alloc_ns", "magpool.free_ns", "magpool.slow_allocs",
-                "magpool.chunk_maps", "magpool.chunk_moves", "magpool.grow_count")}
+                "magpool.chunk_maps", "magpool.chunk_moves", "magpool.grow_count",
+                "magpool.stream_batches") if k in st}
         if st["num_ooms"] != 0:
             print("gpt2_parity: magpool reported out-of-memory errors: %r" % st)
     else:
@@ -259,9 +260,10 @@ def compare(args):
             if sd:
                 n = args.steps - args.warmup
                 print("MAGPOOL_STEADY allocator=%s rank=%d steps=%d %s chunk_maps=%d "
-                      "chunk_moves=%d grow_count=%d" % (
+                      "chunk_moves=%d grow_count=%d stream_batches=%d" % (
                           alloc, r, n, timed(sd, n), sd["magpool.chunk_maps"],
-                          sd["magpool.chunk_moves"], sd["magpool.grow_count"]))
+                          sd["magpool.chunk_moves"], sd["magpool.grow_count"],
+                          sd.get("magpool.stream_batches", -1)))
             se = reps[-1][r].get("step_ends")
             if se:  # after the last step: where the reserved memory is
                 print("MAGPOOL_END allocator=%s rank=%d reserved_mib=%.0f allocated_mib=%.0f "

@@ -172,7 +172,9 @@ Test(park, another_thread_reuses_a_fenced_run_at_once, .timeout = 60) {
 }
 
 /* stream_cache_bytes = 0: "0 retires every async free at once" - also a
- * large one, which is then not reused on its stream before it passed. */
+ * large one, which is then not reused on its stream before it passed.
+ * The retire behind blocked S is one batch (stream_batches); a free on a
+ * stream that has passed everything queues none. */
 Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
   const size_t PS = 64 * MiB;
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .stream_cache = MPT_ZERO});
@@ -181,10 +183,13 @@ Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
   gate_hold(&g, S);
   void *x = magpool_alloc_async(pool, BIG, S);
   cr_assert_not_null(x);
+  uint64_t b0 = mpt_stats(pool).stream_batches;
   cr_assert_eq(magpool_free_async(pool, x, S), 0);
   magpool_stats_t st = mpt_stats(pool);
   cr_assert_eq(st.pending_bytes, BIG);
   cr_assert_eq(st.cached_bytes, 0);
+  cr_assert_eq(st.stream_batches, b0 + 1, "%llu batches behind S for one free",
+               (unsigned long long)(st.stream_batches - b0));
   /* Retired, the run is back in the free runs fenced by S (runs.h):
    * another stream cannot have it, S can, at once. */
   magpool_stream_t T = stream_new();
@@ -195,7 +200,10 @@ Test(park, no_stream_cache_parks_nothing, .timeout = 60) {
   cr_assert_eq(y, x, "S did not get the run it retired");
   cr_assert_eq(mpt_stats(pool).pending_bytes, 0);
   cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  cr_assert_eq(magpool_host_stream_sync(T), 0);
+  uint64_t b1 = mpt_stats(pool).stream_batches;
   cr_assert_eq(magpool_free_async(pool, t, T), 0);
+  cr_assert_eq(mpt_stats(pool).stream_batches, b1, "a free on idle T queued a batch");
   gate_release(&g, S);
   magpool_stream_t s[] = {S, T};
   finish(pool, PS, s, 2);
