@@ -36,8 +36,7 @@ def run(ev, passes=3, slack=(8, 0.015), alias=True, aware=False, max_stale=None)
     peak_live = 0
 
     def limit():
-        H = st['H']
-        return H + max(slack[0], int(slack[1] * H))
+        return hwm.budget(st['H'], slack)
 
     def set_empty(h, on):
         c = where[h]

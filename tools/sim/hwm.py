@@ -123,6 +123,15 @@ class Runs:
         self.runs[s] = n
 
 
+def budget(H, slack, keep=0):
+    """Chunks the pool may map at high-water mark H: slack is a count, a
+    fraction of H (a float), or (count, fraction), the larger of the two;
+    never below keep (pool_size)."""
+    if isinstance(slack, tuple):
+        return max(keep, H + max(slack[0], int(slack[1] * H)))
+    return max(keep, H + (int(slack * H) if isinstance(slack, float) else slack))
+
+
 def take_small(t, k, empty, top):
     """Small-aware placement in tree t for an order-k block: the lowest free block, unless that splits a
     free block of 2 MiB or more; then the lowest mapped empty chunk below chunk `top` whose addresses are
@@ -183,10 +192,7 @@ def run(ev, slack=0, victim='hi', small_aware=False, large_aware=False, sep=Fals
     st = {'busy': 0, 'H': 0}
 
     def limit():
-        H = st['H']
-        if isinstance(slack, tuple):      # (fixed chunks, fraction of H): the larger of the two
-            return max(keep, H + max(slack[0], int(slack[1] * H)))
-        return max(keep, H + (int(slack * H) if isinstance(slack, float) else slack))
+        return budget(st['H'], slack, keep)
 
     def pick_victim(c):
         if victim == 'hi':

@@ -69,8 +69,7 @@ def run(ev, unit=CH, passes=3, slack=(8, 0.015), run_min=CH, fit=False):
     peak_live = 0
 
     def limit():
-        H = st['H']
-        return H + max(slack[0], int(slack[1] * H))
+        return hwm.budget(st['H'], slack)
 
     def cost(a, m):
         c0, c1 = a // upc, (a + m - 1) // upc
