@@ -59,21 +59,26 @@ static mp_mag *slot_take_all(magpool_t *pool, mp_sslot *sl, mp_mag *chain) {
   return chain;
 }
 
-/* Detaches only the full magazines.  Owner inside. */
-static mp_mag *slot_take_full(magpool_t *pool, mp_sslot *sl) {
-  mp_mag *chain = NULL;
+/* Detaches the full magazines of class k onto chain; their bytes leave
+ * the slot's.  Owner inside. */
+static mp_mag *slot_take_full_class(magpool_t *pool, mp_sslot *sl, unsigned k, mp_mag *chain) {
   int64_t gone = 0;
-  for (unsigned k = 0; k < MP_MAX_CLASSES; k++) {
-    for (mp_mag *m = sl->full[k]; m != NULL;) {
-      mp_mag *mn = mp_load_relaxed(&m->next);
-      gone += (int64_t)m->count * (int64_t)mp_block_bytes(pool, k);
-      mp_store_relaxed(&m->next, chain);
-      chain = m;
-      m = mn;
-    }
-    sl->full[k] = NULL;
+  for (mp_mag *m = sl->full[k]; m != NULL;) {
+    mp_mag *mn = mp_load_relaxed(&m->next);
+    gone += (int64_t)m->count * (int64_t)mp_block_bytes(pool, k);
+    mp_store_relaxed(&m->next, chain);
+    chain = m;
+    m = mn;
   }
-  mp_slot_bytes_add(sl, -gone);
+  sl->full[k] = NULL;
+  if (gone != 0) mp_slot_bytes_add(sl, -gone);
+  return chain;
+}
+
+/* Detaches only the full magazines, of every class, onto chain.  Owner
+ * inside. */
+static mp_mag *slot_take_full(magpool_t *pool, mp_sslot *sl, mp_mag *chain) {
+  for (unsigned k = 0; k < MP_MAX_CLASSES; k++) chain = slot_take_full_class(pool, sl, k, chain);
   return chain;
 }
 
@@ -272,12 +277,7 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
      * cache's depot: a thread that frees what another allocates on s (a
      * training step's backward and forward threads) would otherwise hold
      * it up to its share while the other allocates new blocks.  */
-    if ((chain = sl->full[order]) != NULL) {
-      int64_t gone = 0;
-      for (mp_mag *f = chain; f != NULL; f = mp_load_relaxed(&f->next))
-        gone += (int64_t)f->count * (int64_t)mp_block_bytes(pool, order);
-      mp_slot_bytes_add(sl, -gone);
-    }
+    chain = slot_take_full_class(pool, sl, order, NULL);
     mp_store_relaxed(&m->next, NULL);
     sl->full[order] = m;
     m = NULL;
@@ -300,9 +300,7 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
   /* Over its share: the full magazines go, and the partial ones too if
    * that is not enough (they were sized for the whole budget). */
   if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) {
-    mp_mag *more = slot_take_full(pool, sl), *t = more;
-    while (t != NULL && mp_load_relaxed(&t->next) != NULL) t = mp_load_relaxed(&t->next);
-    if (t != NULL) mp_store_relaxed(&t->next, chain), chain = more;
+    chain = slot_take_full(pool, sl, chain);
     if (mp_load_relaxed(&sl->bytes) > sl->owner->s_limit) chain = slot_take_all(pool, sl, chain);
   }
   mp_slot_exit_owner(sl);
