@@ -107,11 +107,15 @@ static void *alloc_on_stream(magpool_t *pool, mp_tcache *tc, mp_sslot *sl, unsig
     if (p == NULL) p = mp_park_take(pool, sl->e, order, size, false);
     if (p != NULL) return mp_hand_out(pool, tc, p, order, size, 0);
     if (new_peak(pool, order, size)) {
-      /* At a new peak a parked run that covers the request serves it
-       * whatever it wastes: its chunks are busy already, and the other
-       * way maps new ones (and on a busy stream the run would only go
-       * pending behind S). */
-      if ((p = mp_park_take(pool, sl->e, order, size, true)) != NULL)
+      /* The count says a new peak, but the busy chunks count S's own
+       * fenced runs, which S reuses without raising it: the tree first,
+       * refused where it would raise the mark or move chunks.  Then a
+       * parked run that covers the request serves it whatever it
+       * wastes: its chunks are busy already, and the other way maps new
+       * ones (and on a busy stream the run would only go pending
+       * behind S). */
+      if ((p = mp_region_take_need(pool, &tc->acct, order, size, MP_TAKE_NOPEAK)) != NULL ||
+          (p = mp_park_take(pool, sl->e, order, size, true)) != NULL)
         return mp_hand_out(pool, tc, p, order, size, 0);
       mp_streams_retire_parks(pool, sl->e);
       mp_park_settle(pool, sl->e, s);

@@ -18,8 +18,11 @@
 #define MP_EGROW (-100)
 /* The `grow` of a take (region.c, chunk.c): 0 waits for returning stream
  * frees before creating memory, 1 does not, MP_TAKE_NOMOVE is 1 but is
- * refused (MP_EGROW) where it would move chunks. */
+ * refused (MP_EGROW) where it would move chunks, MP_TAKE_NOPEAK is
+ * NOMOVE refused also where it would raise the busy chunks' high-water
+ * mark above pool_size (a take that only reuses what is busy or mapped). */
 #define MP_TAKE_NOMOVE 2
+#define MP_TAKE_NOPEAK 3
 #define MP_MAX_REGIONS 64 /* growth steps a pool can take                 */
 #define MP_MAX_ORDER 48   /* largest block: min_block << MP_MAX_ORDER     */
 #define MP_MAX_CLASSES 24 /* cached orders (thread and stream caches)     */

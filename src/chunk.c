@@ -308,8 +308,9 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
     uint64_t nb = mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
     /* A new high-water mark raises the budget for good: not while stream
      * frees on their way back could keep it where it is (the caller
-     * waits for them, then asks again with grow). */
-    if (nb > mp_load_relaxed(&c->hwm) && !grow && returning_covers(pool, c->chunk)) {
+     * waits for them, then asks again with grow), nor for MP_TAKE_NOPEAK. */
+    if (nb > mp_load_relaxed(&c->hwm) &&
+        (grow == MP_TAKE_NOPEAK ? nb > c->keep : !grow && returning_covers(pool, c->chunk))) {
       if (!own) busy_sub(pool, &e); /* a run: mp_runs_putback */
       return MP_EGROW;
     }
@@ -324,11 +325,10 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   pthread_mutex_t *lk = lock_of(c);
   pthread_mutex_lock(lk);
   int rc = 0;
-  /* MP_TAKE_NOMOVE: all rows under the budget, or none mapped (the caller
-   * has a parked run that can serve instead: alloc_async.c).  nmapped
-   * changes only under the lock and the budget never falls (hwm only
-   * rises), so every row then fits. */
-  if (grow == MP_TAKE_NOMOVE) {
+  /* MP_TAKE_NOMOVE (and NOPEAK): all rows under the budget, or none mapped
+   * (the caller has another way: alloc_async.c).  nmapped changes only
+   * under the lock and the budget never falls (hwm only rises). */
+  if (grow >= MP_TAKE_NOMOVE) {
     uint64_t k = 0;
     for (uint64_t x = i; x < e.first + e.n; x++) k += mp_load_relaxed(&c->state[x]) != MP_CHUNK_MAPPED;
     if (mp_load_relaxed(&c->nmapped) + k > budget(c)) rc = MP_EGROW;

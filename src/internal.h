@@ -198,7 +198,7 @@ void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order);
  * a block of a chunk or more are backed by memory (the rest is address
  * space no one may touch).  need <= block bytes.  grow: may create memory
  * even while stream frees that could cover it are on their way back
- * (mp_region_take never does), or MP_TAKE_NOMOVE (base.h, chunk.c). */
+ * (mp_region_take never does), or MP_TAKE_NOMOVE/NOPEAK (base.h, chunk.c). */
 void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t need,
                           int grow);
 /* Gives a block back to its region's tree: release + merge.  Owner of a;
@@ -234,7 +234,7 @@ void mp_chunks_fini(magpool_t *pool);
  * mapped, moving empty chunks under the budget.  MAGPOOL_ENOMEM (nothing
  * counted, but a run's counts stay for mp_runs_putback) if the cap does not allow it, MP_EGROW if it would create
  * memory while returning stream frees could cover it and !grow, or move
- * chunks and grow is MP_TAKE_NOMOVE; or the source's error. */
+ * chunks (grow MP_TAKE_NOMOVE), or raise the mark (NOPEAK); or the source's error. */
 int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int grow);
 /* Uncounts the extent of block (p, order), before it goes to the tree. */
 void mp_chunks_release(magpool_t *pool, char *p, unsigned order);

@@ -435,6 +435,52 @@ Test(park, at_a_new_peak_a_stream_grows_from_its_fenced_runs, .timeout = 60) {
   finish(pool, PS, &S, 1);
 }
 
+/* A request that the busy-chunk count calls a new peak, served by a run
+ * fenced for its own stream, raises nothing: it neither retires other
+ * streams' parks nor asks its stream.  Blocked T holds an 8 MiB run fenced
+ * in its open batch; S frees 8 MiB and asks for 8 MiB again with the
+ * pool's busy chunks at their mark (a ring of large blocks on one stream,
+ * as a training step's).  S gets its run back; T's stays cached, with no
+ * batch behind T. */
+Test(park, a_ring_at_the_mark_reuses_its_run_and_retires_no_park, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1, .stream_cache = 64 * MiB});
+  magpool_stream_t S = stream_new(), T = stream_new();
+  gate gs, gt;
+  gate_hold(&gs, S);
+  gate_hold(&gt, T);
+  void *fill = magpool_alloc(pool, PS - 16 * MiB);
+  void *t = magpool_alloc_async(pool, 8 * MiB, T);
+  cr_assert(fill != NULL && t != NULL);
+  cr_assert_eq(magpool_free_async(pool, t, T), 0);
+  void *x = magpool_alloc_async(pool, 8 * MiB, S);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  size_t res = st.reserved_bytes;
+  cr_assert_eq(st.cached_bytes, 16 * MiB, "the two runs are not fenced in open batches");
+  cr_assert_eq(st.pending_bytes, 0);
+  uint64_t batches = st.stream_batches;
+  for (int k = 0; k < 4; k++) {
+    void *y = magpool_alloc_async(pool, 8 * MiB, S);
+    cr_assert_eq(y, x, "round %d: S did not get its own fenced run back", k);
+    st = mpt_stats(pool);
+    cr_assert_eq(st.stream_batches, batches, "round %d: %llu batches went behind a stream", k,
+                 (unsigned long long)(st.stream_batches - batches));
+    cr_assert_eq(st.pending_bytes, 0, "round %d: T's run went pending (%zu)", k, st.pending_bytes);
+    cr_assert_eq(st.reserved_bytes, res, "round %d: the pool went from %zu to %zu", k, res,
+                 st.reserved_bytes);
+    cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  }
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_free(pool, fill), 0);
+  gate_release(&gs, S);
+  gate_release(&gt, T);
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
 /* Below a peak, fenced chunks are mapped chunks: a run fenced for S
  * serves S's smaller request where the tree would have to move chunks
  * (unmap empty ones and map them where the run lands: 53 us a chunk on a
