@@ -13,9 +13,12 @@ allocator needs (no record_stream: see magpool_torch's docstring).
 
     gpt2_parity.py --compare [--repeat N] [--out DIR] [--magpool-conf "K=V,...;K=V,..."]
         runs each allocator in its own process (the allocator must be
-        chosen before any CUDA allocation), N times alternating, compares
-        the losses bit for bit and prints peak reserved and mean step time
-        (steps after --warmup) of each; --magpool-conf lists magpool
+        chosen before any CUDA allocation), N rounds, odd rounds in the
+        reverse order; compares the losses bit for bit and prints peak
+        reserved and mean step time (steps after --warmup) of each, and a
+        ROUNDS line per magpool configuration: each round's step time
+        against PyTorch's in the same round (mean and median steps, in
+        percent) and the median over the rounds; --magpool-conf lists magpool
         configurations (';' between them), each run as its own allocator
         ("timing=1" also times magpool's entry points); --cpus 2-5 runs
         every child on those CPUs only.
@@ -211,6 +214,27 @@ def timed(st, steps):
     return line
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2
+
+
+def rounds_line(alloc, rank, ref, reps, warmup):
+    """Round by round against PyTorch's allocator (the same round: the two
+    ran one after the other): the ratio of mean steps and of median
+    steps, in percent, and the median of each over the rounds."""
+    mean_pc, med_pc = [], []
+    for t, m in zip(ref, reps):
+        ts, ms = t[rank]["step_ms"][warmup:], m[rank]["step_ms"][warmup:]
+        mean_pc.append(100 * (sum(ms) / len(ms) / (sum(ts) / len(ts)) - 1))
+        med_pc.append(100 * (median(ms) / median(ts) - 1))
+    return ("ROUNDS allocator=%s rank=%d mean_step_pct=%s median_step_pct=%s "
+            "median_of_rounds_mean_pct=%+.1f median_of_rounds_median_pct=%+.1f" % (
+                alloc, rank, ",".join("%+.1f" % x for x in mean_pc),
+                ",".join("%+.1f" % x for x in med_pc), median(mean_pc), median(med_pc)))
+
+
 def compare(args):
     torch_gpu.require("gpt2_parity", "transformers")
     os.makedirs(args.out, exist_ok=True)
@@ -219,7 +243,11 @@ def compare(args):
     labels = ["torch"] + ["magpool" + ("[%s]" % c if c else "") for c in confs]
     runs = {label: [] for label in labels}
     for i in range(args.repeat):
-        for k, label in enumerate(labels):
+        # Odd rounds in reverse order (ABBA...): a drift of the machine
+        # over the runs (docs/benchmarks.md: a run's position mattered)
+        # weighs on every allocator alike.
+        order = list(enumerate(labels))
+        for k, label in (order if i % 2 == 0 else order[::-1]):
             alloc = "torch" if k == 0 else "magpool"
             conf = "" if k == 0 else confs[k - 1]
             runs[label].append(launch(args, alloc, os.path.join(
@@ -256,6 +284,8 @@ def compare(args):
                           st["magpool.chunk_moves"], st.get("magpool.pending_at_peak", 0) / 2**20,
                           timed(st, args.steps), st["allocation.all.allocated"],
                           reps[-1][r]["step_ms"][0]))
+            if alloc != "torch":
+                print(rounds_line(alloc, r, runs["torch"], reps, args.warmup))
             sd = reps[-1][r].get("magpool_steady")
             if sd:
                 n = args.steps - args.warmup
