@@ -18,7 +18,9 @@ allocator needs (no record_stream: see magpool_torch's docstring).
         reserved and mean step time (steps after --warmup) of each, and a
         ROUNDS line per magpool configuration: each round's step time
         against PyTorch's in the same round (mean and median steps, in
-        percent) and the median over the rounds; --magpool-conf lists magpool
+        percent), the median over the rounds, and each round's mean host
+        time a step until the step's work is queued (before the loss is
+        read), PyTorch's / this one's; --magpool-conf lists magpool
         configurations (';' between them), each run as its own allocator
         ("timing=1" also times magpool's entry points); --cpus 2-5 runs
         every child on those CPUs only.
@@ -108,7 +110,7 @@ def child(args):
     side = torch.cuda.Stream(dev)
     with torch.cuda.stream(side):
         nxt = tokens[0].to(dev)
-    losses, gnorms, times, ends = [], [], [], []
+    losses, gnorms, times, launches, ends = [], [], [], [], []
     torch.cuda.synchronize(dev)
     st_warm = None
     window = [0.0, 0.0]  # CLOCK_MONOTONIC seconds of the steady steps, for profilers
@@ -133,6 +135,7 @@ def child(args):
         main.wait_stream(side)           # main passes side's use of the grads
         opt.step()
         opt.zero_grad(set_to_none=True)
+        launches.append(time.perf_counter() - t0)  # the host's share: work queued, none waited for
         losses.append(loss.item())
         gnorms.append(gn.item())
         del batch, out, loss, gn         # batch: freed on side, which waited for main
@@ -148,6 +151,7 @@ def child(args):
            "losses": [x.hex() for x in losses], "gnorms": [x.hex() for x in gnorms],
            "loss_first": losses[0], "loss_last": losses[-1],
            "step_ms": [t * 1e3 for t in times],
+           "launch_ms": [t * 1e3 for t in launches],
            "mean_step_ms": 1e3 * sum(times[args.warmup:]) / len(times[args.warmup:]),
            "step_ends": ends, "steady_window": [window[0], time.monotonic()]}
     if args.allocator == "magpool":
@@ -224,15 +228,19 @@ def rounds_line(alloc, rank, ref, reps, warmup):
     """Round by round against PyTorch's allocator (the same round: the two
     ran one after the other): the ratio of mean steps and of median
     steps, in percent, and the median of each over the rounds."""
-    mean_pc, med_pc = [], []
+    mean_pc, med_pc, launch = [], [], []
     for t, m in zip(ref, reps):
         ts, ms = t[rank]["step_ms"][warmup:], m[rank]["step_ms"][warmup:]
         mean_pc.append(100 * (sum(ms) / len(ms) / (sum(ts) / len(ts)) - 1))
         med_pc.append(100 * (median(ms) / median(ts) - 1))
+        lt, lm = t[rank].get("launch_ms", [])[warmup:], m[rank].get("launch_ms", [])[warmup:]
+        launch.append("%.1f/%.1f" % (sum(lt) / len(lt), sum(lm) / len(lm)) if lt and lm else "-")
     return ("ROUNDS allocator=%s rank=%d mean_step_pct=%s median_step_pct=%s "
-            "median_of_rounds_mean_pct=%+.1f median_of_rounds_median_pct=%+.1f" % (
+            "median_of_rounds_mean_pct=%+.1f median_of_rounds_median_pct=%+.1f "
+            "launch_ms_torch_vs_this=%s" % (
                 alloc, rank, ",".join("%+.1f" % x for x in mean_pc),
-                ",".join("%+.1f" % x for x in med_pc), median(mean_pc), median(med_pc)))
+                ",".join("%+.1f" % x for x in med_pc), median(mean_pc), median(med_pc),
+                ",".join(launch)))
 
 
 def compare(args):
