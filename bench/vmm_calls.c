@@ -37,6 +37,16 @@
  *                     guards and the query), once per retire
  *   drv_capturing     cuStreamIsCapturing, the driver's own entry point
  *   drv_query         cuStreamQuery, the driver's own entry point
+ * and what a stream callback costs a busy stream's later work, per
+ * callback: N memsets of 64 MiB queued on the stream (about 20 us of
+ * GPU work each, queued faster than they run), timed on the GPU with
+ * events, alone and with a callback or an event record after each:
+ *   hold_work         GPU time of one memset (the reference)
+ *   hold_callback     GPU time a cudaStreamAddCallback adds (a no-op
+ *                     callback: the stream waits for the host to run it,
+ *                     as it does for each batch of frees magpool retires)
+ *   hold_event        GPU time a cudaEventRecord adds
+ *   host_callback     host time of one cudaStreamAddCallback call
  *
  * Each row runs R rounds of N chunks (default 64 x 5) and prints the
  * median round:  SUMMARY vmm call=NAME us_per_chunk=X
@@ -115,7 +125,8 @@ enum { R_CREATE, R_MAP, R_ACC1, R_ACC16, R_UNMAP, R_RELEASE,
        R_SNEW, R_SKEEP, R_SKEPT, R_MOVE, R_SFREE,
        R_BCREATE, R_BMAP, R_BACC, R_BUNMAP, R_BRELEASE,
        R_QCREATE, R_QMAP, R_QACC, R_QUNMAP, R_QRELEASE, R_SGMAP, R_SGUNMAP,
-       R_SQUERY, R_SCAPT, R_SIDLE, R_DCAPT, R_DQUERY, R_UNMAP16, R_AMAP, R_AUNMAP, NROWS };
+       R_SQUERY, R_SCAPT, R_SIDLE, R_DCAPT, R_DQUERY, R_UNMAP16, R_AMAP, R_AUNMAP,
+       R_HWORK, R_HCB, R_HEV, R_HHOST, NROWS };
 static const char *row_name[NROWS] = {
   "create", "map", "access_chunk", "access_run16", "unmap", "release",
   "src_map_new16", "src_unmap_keep", "src_map_kept16", "move", "src_unmap_free",
@@ -123,6 +134,7 @@ static const char *row_name[NROWS] = {
   "create_handle4", "map_handle4", "access_handle4", "unmap_handle4", "release_handle4",
   "src_map_group", "src_unmap_group", "stream_query", "stream_capturing", "stream_idle",
   "drv_capturing", "drv_query", "unmap_run16", "alias_map", "alias_unmap",
+  "hold_work", "hold_callback", "hold_event", "host_callback",
 };
 static double t[NROWS][MAX_ROUNDS];
 
@@ -286,6 +298,47 @@ static void stream_round(int r, cudaStream_t s, size_t n) {
   t[R_SIDLE][r] = (t3 - t2) / n;
 }
 
+static void CUDART_CB noop_cb(cudaStream_t s, cudaError_t e, void *arg) {
+  (void)s;
+  (void)e;
+  (void)arg;
+}
+
+#define HOLD_BYTES ((size_t)64 << 20)
+
+/* One round of the hold rows on s (buf: HOLD_BYTES of device memory):
+ * variant 0 queues n memsets, 1 a callback after each, 2 an event record
+ * after each; the GPU's time between two events around them. */
+static void hold_round(int r, cudaStream_t s, void *buf, size_t n) {
+  cudaEvent_t e0, e1, ev;
+  CUDA(cudaEventCreate(&e0));
+  CUDA(cudaEventCreate(&e1));
+  CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  float ms[3];
+  double host = 0;
+  for (int v = 0; v < 3; v++) {
+    CUDA(cudaStreamSynchronize(s));
+    CUDA(cudaEventRecord(e0, s));
+    for (size_t i = 0; i < n; i++) {
+      CUDA(cudaMemsetAsync(buf, (int)(i & 0xff), HOLD_BYTES, s));
+      double h0 = now_us();
+      if (v == 1) CUDA(cudaStreamAddCallback(s, noop_cb, NULL, 0));
+      else if (v == 2) CUDA(cudaEventRecord(ev, s));
+      if (v == 1) host += now_us() - h0;
+    }
+    CUDA(cudaEventRecord(e1, s));
+    CUDA(cudaEventSynchronize(e1));
+    CUDA(cudaEventElapsedTime(&ms[v], e0, e1));
+  }
+  CUDA(cudaEventDestroy(e0));
+  CUDA(cudaEventDestroy(e1));
+  CUDA(cudaEventDestroy(ev));
+  t[R_HWORK][r] = ms[0] * 1e3 / n;
+  t[R_HCB][r] = (ms[1] - ms[0]) * 1e3 / n;
+  t[R_HEV][r] = (ms[2] - ms[0]) * 1e3 / n;
+  t[R_HHOST][r] = host / n;
+}
+
 int main(int argc, char **argv) {
   size_t n = 64;
   int rounds = 5, dev = 0;
@@ -364,11 +417,15 @@ int main(int argc, char **argv) {
   }
   cudaStream_t s;
   CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void *hbuf = NULL;
+  CUDA(cudaMalloc(&hbuf, HOLD_BYTES));
   for (int r = 0; r < rounds; r++) {
     raw_round(r, dev, va, va2, n, h);
     src_round(r, ctx, base, base + n * CHUNK, n);
     stream_round(r, s, n);
+    hold_round(r, s, hbuf, n);
   }
+  CUDA(cudaFree(hbuf));
   CUDA(cudaStreamDestroy(s));
   mp_chunk_counts c;
   MP(mp_source_chunk_counts(ctx, &c));
