@@ -256,12 +256,7 @@ typedef struct magpool_stats {
                                 knows: retired behind the stream, fenced
                                 runs included, until the stream's
                                 callback and the next slow path (or
-                                magpool_get_stats) see it pass.  On a
-                                CUDA stream the callback runs a moment
-                                after the stream passes (on magpool's
-                                relay stream): after cudaStreamSynchronize
-                                of s alone it may still be pending;
-                                cudaDeviceSynchronize covers both        */
+                                magpool_get_stats) see it pass            */
   size_t free_bytes;         /* bytes free in the tree (chunked pools: in
                                 the mapped chunks)                         */
   size_t largest_free_block; /* largest block the tree can hand out now,
@@ -286,13 +281,11 @@ typedef struct magpool_stats {
                                 host hold that much; approximate while
                                 several threads grow the pool at once)    */
   uint64_t stream_batches;   /* batches of frees queued behind a stream,
-                                ever: each one is a stream callback (on a
-                                CUDA stream: an event recorded in the
-                                stream and a callback on a stream of
-                                magpool's own that waits for it, so the
-                                program's stream is never held; frees on
-                                a stream that had passed them go back at
-                                once and queue none)                      */
+                                ever: each one is a stream callback, a host
+                                function in the stream that holds the
+                                stream's later work until the host has run
+                                it (frees on a stream that had passed them
+                                go back at once and queue none)           */
 } magpool_stats_t;
 
 /* ------------------------------------------------------------------------ */

@@ -132,9 +132,6 @@ enum {
                             its run fenced and noted in the open batch   */
   MP_HOOK_FENCE_CLOSE,   /* arg: the mp_park; a flush holds its fence
                             lock, the open batch detached, not retired   */
-  /* By value: the C++ GPU tests name it without this header. */
-  MP_HOOK_BATCH_DONE = 100, /* arg: the batch; its callback has begun (CUDA's
-                            callback thread or a host stream's worker)   */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before

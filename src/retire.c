@@ -42,7 +42,6 @@ static mp_batch *ready_take_all(mp_retire *rt) { return mp_xchg_acquire(&rt->rea
 static void batch_done(void *arg, int status) {
   (void)status;
   mp_batch *b = arg;
-  MP_HOOK(MP_HOOK_BATCH_DONE, b);
   mp_retire *rt = &b->pool->retire;
   /* Read everything we need from b before the push: once it is on the
    * ready list a drainer may free it. */

@@ -41,96 +41,12 @@ static void CUDART_CB cu_trampoline(cudaStream_t s, cudaError_t status, void *ar
   c.fn(c.arg, (int)status);
 }
 
-/* Relays.  A stream callback holds every later operation of its stream
- * until the host has run it: on an H200 a callback between two kernels
- * costs the stream 44 us of GPU time, where an event record costs none
- * (magpool-vmm-calls, hold_callback and hold_event; docs/benchmarks.md,
- * run 81), and a GPT-2 step retires about 10 batches.  So a batch's
- * callback goes on a relay instead: a stream of magpool's own, one per
- * stream it serves, that waits for an event recorded on s and then runs
- * the callback.  The order is the same (the callback runs once s has
- * done everything queued before the record); s is never held.
- *   - One relay per (device, stream handle), created at the stream's
- *     first retire with the pool's device current and the thread's
- *     capture mode relaxed, kept for the process (a handle the program
- *     destroys and gets again reuses it: a relay only orders).  At most
- *     MP_RELAYS; past that, and for the legacy and per-thread handles
- *     (one handle, many streams), the callback goes on s as before.
- *   - relay_lock guards the table and each relay's event between its
- *     record and the relay's wait on it (the wait takes the event as
- *     recorded then; the event is free again after it).
- *   - Any failure falls back to a callback on s; the runtime's
- *     last-error slot is cleared of ours (it was clear before: the
- *     runtime calls below run only when cudaPeekAtLastError says so).
- *   - cu_sync(s) also waits for s's relay, which holds only s's own
- *     callbacks: once it returns, every batch retired on s has run its
- *     callback, as before. */
-#define MP_RELAYS 64
-
-typedef struct relay {
-  cudaStream_t user, own;
-  cudaEvent_t ev;
-  int dev;
-} relay;
-
-static relay relays[MP_RELAYS];
-static unsigned nrelays;
-static pthread_mutex_t relay_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static bool relayed(cudaStream_t s) {
-  return s != NULL && s != cudaStreamLegacy && s != cudaStreamPerThread;
-}
-
-static relay *relay_find(int d, cudaStream_t s) {
-  for (unsigned i = 0; i < nrelays; i++)
-    if (relays[i].user == s && relays[i].dev == d) return &relays[i];
-  return NULL;
-}
-
-/* s's relay, made if it has none (relay_lock held); NULL if none can be. */
-static relay *relay_get(int d, cudaStream_t s) {
-  relay *r = relay_find(d, s);
-  if (r != NULL || nrelays == MP_RELAYS) return r;
-  int saved = -1;
-  relay n = {s, NULL, NULL, d};
-  bool ok = cudaGetDevice(&saved) == cudaSuccess && (saved == d || cudaSetDevice(d) == cudaSuccess);
-  ok = ok && cudaStreamCreateWithFlags(&n.own, cudaStreamNonBlocking) == cudaSuccess;
-  ok = ok && cudaEventCreateWithFlags(&n.ev, cudaEventDisableTiming) == cudaSuccess;
-  if (!ok && n.own != NULL) (void)cudaStreamDestroy(n.own);
-  if (saved >= 0 && saved != d) (void)cudaSetDevice(saved);
-  if (!ok) return NULL;
-  relays[nrelays] = n;
-  return &relays[nrelays++];
-}
-
-/* Queues c's callback on s's relay behind an event recorded on s, in
- * relaxed capture mode (a capture in global mode on another thread must
- * not count these calls); false if it could not (then nothing queued
- * will call c). */
-static bool relay_after(int d, cudaStream_t s, cu_cb *c) {
-  if (!relayed(s) || cudaPeekAtLastError() != cudaSuccess) return false;
-  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  pthread_mutex_lock(&relay_lock);
-  relay *r = relay_get(d, s);
-  bool ok = r != NULL && cudaEventRecord(r->ev, s) == cudaSuccess &&
-            cudaStreamWaitEvent(r->own, r->ev, 0) == cudaSuccess &&
-            cudaStreamAddCallback(r->own, cu_trampoline, c, 0) == cudaSuccess;
-  pthread_mutex_unlock(&relay_lock);
-  (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  if (!ok) (void)cudaGetLastError(); /* ours: the slot was clear above */
-  return ok;
-}
-
 static int cu_after(void *dev, magpool_stream_t s, void (*fn)(void *, int), void *arg) {
+  (void)dev;
   cu_cb *c = malloc(sizeof *c);
   if (c == NULL) return MAGPOOL_ENOMEM;
   c->fn = fn;
   c->arg = arg;
-  if (relay_after(dev_of(dev), (cudaStream_t)s, c)) return 0;
   /* cudaStreamAddCallback is slated for deprecation in favour of
    * cudaLaunchHostFunc, but unlike it, it also runs after a device error
    * (with the error as status), so a batch is never stranded. */
@@ -152,13 +68,7 @@ static int cu_sync(void *dev, magpool_stream_t s) {
   /* cudaStreamPerThread names the calling thread's stream: from another
    * thread (the out-of-memory ladder) only a device-wide wait is right. */
   if ((cudaStream_t)s == cudaStreamPerThread) return cu_sync_all(dev);
-  int rc = cuda_rc(cudaStreamSynchronize((cudaStream_t)s));
-  if (rc != 0 || !relayed((cudaStream_t)s)) return rc;
-  pthread_mutex_lock(&relay_lock);
-  relay *r = relay_find(dev_of(dev), (cudaStream_t)s);
-  cudaStream_t own = r != NULL ? r->own : NULL; /* relays are never removed */
-  pthread_mutex_unlock(&relay_lock);
-  return own != NULL ? cuda_rc(cudaStreamSynchronize(own)) : 0;
+  return cuda_rc(cudaStreamSynchronize((cudaStream_t)s));
 }
 
 /* The driver's cuStreamIsCapturing, cuStreamQuery and

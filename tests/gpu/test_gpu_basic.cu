@@ -375,9 +375,7 @@ void test_idle() {
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(graph));
   }
-  // The device, not s alone: the batch's callback runs on s's relay
-  // (stream_cuda.c), a moment after s passes it.
-  CK(cudaDeviceSynchronize());
+  CK(cudaStreamSynchronize(s));
   magpool_stats_t st;
   EXPECT(magpool_get_stats(pool, &st) == 0, "stats");
   EXPECT(st.pending_bytes == 0, "pending after the busy stream finished: %zu", st.pending_bytes);

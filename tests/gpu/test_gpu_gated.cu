@@ -16,11 +16,6 @@
 //      retire must go behind T's stream, not behind the trimming thread's
 //      own per-thread stream (cudaStreamPerThread names a different stream
 //      on every thread).
-//   3. retire_does_not_hold_its_stream: a test hook stops a batch's
-//      callback (on CUDA's callback thread) once it has begun; work queued
-//      on the stream after the retire must still run (the callback rides
-//      on magpool's relay stream, not in the program's stream), and the
-//      batch stays pending until the callback ends.
 //
 // While a stream is gated the test thread makes no CUDA call that might
 // wait for the whole device (cudaMalloc, cudaFree, pageable copies, first
@@ -465,65 +460,6 @@ void per_thread_stream_trim() {
 
 }  // namespace
 
-// ------------------------------------------------------------------ 3 --
-
-// The test hook (src/base.h): MP_HOOK_BATCH_DONE by value, as this C++
-// file cannot include the C11 header.
-extern "C" void mp_hook_set(void (*fn)(int point, void *arg));
-constexpr int kHookBatchDone = 100;
-std::atomic<int> g_hold{0}, g_held{0};
-
-void hold_hook(int point, void *) {
-  if (point != kHookBatchDone) return;
-  g_held.store(1);
-  while (g_hold.load() != 0) usleep(100);
-}
-
-__global__ void k_set(volatile int *p) { *p = 1; }
-
-void retire_does_not_hold_its_stream() {
-  const size_t PS = 64u << 20, BIG = 8u << 20;
-  magpool_t *pool = make_pool(PS, 64u << 20, 0);
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  int *h_done = nullptr, *d_done = nullptr;
-  CK(cudaHostAlloc((void **)&h_done, sizeof(int), cudaHostAllocMapped));
-  *h_done = 0;
-  CK(cudaHostGetDevicePointer((void **)&d_done, h_done, 0));
-  // Allocated before the gate: mapping chunks may wait for the device.
-  void *p = magpool_alloc_async(pool, BIG, (magpool_stream_t)s);
-  REQUIRE(p != nullptr, "alloc_async: %s", magpool_strerror(magpool_last_error()));
-  Gate g;
-  g.init();
-  g.block(s);
-  EXPECT(magpool_free_async(pool, p, (magpool_stream_t)s) == 0, "free_async");
-  g_hold.store(1);
-  mp_hook_set(hold_hook);
-  // Retires the fenced run behind s: one batch, its callback after the gate.
-  EXPECT(magpool_stream_release(pool, (magpool_stream_t)s) == 0, "release");
-  EXPECT(stats(pool).pending_bytes == BIG, "the run is not pending behind gated s");
-  k_set<<<1, 1, 0, s>>>(d_done);
-  CK(cudaGetLastError());
-  g.open();
-  double t0 = now_s();
-  while ((__atomic_load_n(h_done, __ATOMIC_SEQ_CST) == 0 || g_held.load() == 0) &&
-         now_s() - t0 < 20)
-    usleep(1000);
-  EXPECT(g_held.load() == 1, "the batch's callback did not begin within 20 s of the gate");
-  EXPECT(__atomic_load_n(h_done, __ATOMIC_SEQ_CST) == 1,
-         "work queued on s after a retire waited for the retire's callback");
-  EXPECT(stats(pool).pending_bytes == BIG, "the run left pending before its callback ended");
-  g_hold.store(0);
-  CK(cudaDeviceSynchronize());
-  mp_hook_set(nullptr);
-  g.done("retire_does_not_hold_its_stream");
-  EXPECT(stats(pool).pending_bytes == 0, "pending after the callback ended");
-  expect_empty(pool, PS, "retire_does_not_hold_its_stream");
-  CK(cudaFreeHost(h_done));
-  CK(cudaStreamDestroy(s));
-  EXPECT(magpool_destroy(pool) == 0, "destroy");
-}
-
 int main() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   // Load every kernel now.  With lazy loading (the default since CUDA 12),
@@ -545,10 +481,8 @@ int main() {
   CK(cudaFuncGetAttributes(&fa, k_check_many));
   CK(cudaFuncGetAttributes(&fa, k_fill1));
   CK(cudaFuncGetAttributes(&fa, k_check1));
-  CK(cudaFuncGetAttributes(&fa, k_set));
   gated_stream();
   per_thread_stream_trim();
-  retire_does_not_hold_its_stream();
   std::printf("gpu_gated: %s (%d failures)\n", g_fail ? "FAIL" : "PASS", g_fail);
   return g_fail ? 1 : 0;
 }
