@@ -54,8 +54,9 @@ static const char usage_text[] =
     "                 a measurement of the allocator\n"
     "  --stats        after each magpool pass, a line\n"
     "                   STATS trace=NAME allocator=magpool mode=M pass=P grows=N\n"
-    "                   chunk_maps=N chunk_unmaps=N chunk_moves=N\n"
-    "                 (that pass's growths and chunk calls, magpool_stats_t)\n"
+    "                   chunk_maps=N chunk_unmaps=N chunk_moves=N stream_batches=N\n"
+    "                 (that pass's growths, chunk calls and stream batches,\n"
+    "                 magpool_stats_t)\n"
     "  --lag N        --mode async --kind host, magpool: the streams run behind\n"
     "                 the replay, as a GPU runs behind its host: every N events\n"
     "                 each stream is held at a mark until the next mark is set\n"
@@ -248,10 +249,10 @@ int main(int argc, char **argv) {
                ratio(&r[p]), ns_per_event(&r[p]), rbuf);
         if (o.stats && a == REPLAY_MAGPOOL)
           printf("STATS trace=%s allocator=magpool mode=%s pass=%d grows=%llu chunk_maps=%llu "
-                 "chunk_unmaps=%llu chunk_moves=%llu\n",
+                 "chunk_unmaps=%llu chunk_moves=%llu stream_batches=%llu\n",
                  t.name, replay_mode_names[mode], p + 1, (unsigned long long)r[p].grows,
                  (unsigned long long)r[p].chunk_maps, (unsigned long long)r[p].chunk_unmaps,
-                 (unsigned long long)r[p].chunk_moves);
+                 (unsigned long long)r[p].chunk_moves, (unsigned long long)r[p].stream_batches);
       }
       fflush(stdout);
     }

@@ -101,7 +101,7 @@ typedef struct replay_result {
   uint64_t events;         /* events issued (the failed one included)     */
   uint64_t ns;             /* wall time of the events                     */
   /* magpool only, this pass's share of the pool's counters (--stats). */
-  uint64_t grows, chunk_maps, chunk_unmaps, chunk_moves;
+  uint64_t grows, chunk_maps, chunk_unmaps, chunk_moves, stream_batches;
 } replay_result;
 
 /* A runner replays trace t `o->passes` times and fills res[0 .. passes-1].

@@ -236,6 +236,7 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
       r->chunk_maps = s.chunk_maps - s0.chunk_maps;
       r->chunk_unmaps = s.chunk_unmaps - s0.chunk_unmaps;
       r->chunk_moves = s.chunk_moves - s0.chunk_moves;
+      r->stream_batches = s.stream_batches - s0.stream_batches;
     }
     if (r->status == REPLAY_ERROR)
       fprintf(stderr, "magpool-replay: %s: magpool, event %zu: %s\n", t->name, r->fail_event,

@@ -84,7 +84,7 @@ smoke)
     done
     [ "$(printf '%s\n' "$out" | grep -c '^REPLAY .* result=oom@')" -eq 2 ] || fail "cap: no oom in a pass"
   done
-  sre='^STATS trace=tiny allocator=magpool mode=(sync|async) pass=[12] grows=[0-9]+ chunk_maps=[0-9]+ chunk_unmaps=[0-9]+ chunk_moves=[0-9]+$'
+  sre='^STATS trace=tiny allocator=magpool mode=(sync|async) pass=[12] grows=[0-9]+ chunk_maps=[0-9]+ chunk_unmaps=[0-9]+ chunk_moves=[0-9]+ stream_batches=[0-9]+$'
   for m in sync async; do
     run "$dir/tiny.trace" --kind host --mode "$m" --stats
     check_lines 2
