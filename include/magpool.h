@@ -472,8 +472,10 @@ MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
  * chunks, alone or joined with free ones; others only once s has passed
  * the free and the pool has seen it (a completed stream callback, asked
  * for once per max(stream_cache_bytes, pool_size / 8) bytes of such
- * frees, and at trim, the out-of-memory path, magpool_stream_release and
- * other streams' peaks).  s may be NULL: the legacy default stream on DEVICE and
+ * frees - not while s made the pool's last 4096 takes of such blocks,
+ * as a training loop's one stream does: no other stream waits for them -
+ * and at trim, the out-of-memory path, magpool_stream_release and other
+ * streams' peaks; or when a free on s finds s idle).  s may be NULL: the legacy default stream on DEVICE and
  * PINNED pools; "no stream" (same as magpool_alloc) on HOST pools.  Errors as magpool_alloc, plus MAGPOOL_ECUDA if a CUDA call
  * failed, and MAGPOOL_EINVAL for a stream of the wrong kind where that can
  * be told.  Stream capture: the first call for s on a thread (and the first

@@ -26,12 +26,12 @@
  * stream_cache_bytes, larger ones max(stream_cache_bytes, pool_size / 8),
  * each split among the pool's live streams (park.h); a park that would
  * pass its budget retires the kind's least recently used orders down to
- * half of it (make_room_locked); every
- * MP_PARK_AGE_STEP-th park retires the orders idle for MP_PARK_AGE
- * operations; trim, the ladder's cache rung, release and a thread's own
+ * half of it (make_room_locked); every MP_PARK_AGE_STEP-th park retires
+ * the orders idle for MP_PARK_AGE operations; trim, the ladder's cache rung, release and a thread's own
  * flush retire the whole park under the entry lock (mp_park_take_all);
  * stream_cache_bytes == 0 turns parking off (every async free retired).
- * Runs are fenced instead of parked (fence_put, passed_hint).
+ * Runs are fenced instead of parked (fence_put, passed_hint); a run
+ * batch stays open past the budget while s alone takes runs (solo).
  * Parked bytes are cached bytes in the statistics (stream_table.c).
  *
  * Concurrency: the lock is a test-and-test-and-set word, held for a few
@@ -352,9 +352,7 @@ static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
   mp_park *k = &e->park;
   uint32_t skip = mp_load_relaxed(&k->idle_skip);
   uint32_t st = mp_load_relaxed(&k->idle_back), back = st & ~MP_PARK_YES;
-  bool yes_before = (st & MP_PARK_YES) != 0;
-  bool solo = pool->chunks != NULL && mp_load_relaxed(&pool->chunks->runs.taker) == e->key &&
-              mp_load_relaxed(&pool->chunks->runs.takes) >= MP_PARK_SOLO;
+  bool yes_before = (st & MP_PARK_YES) != 0, solo = mp_park_solo(pool, e, MP_PARK_SOLO);
   if (skip != 0 && (solo || !yes_before)) {
     mp_store_relaxed(&k->idle_skip, skip - 1);
     return -1;
@@ -388,8 +386,10 @@ bool mp_park_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, 
       (*passed = passed_hint(pool, e, s)) == 1)
     return false;
   if (partial(pool, order)) {
-    /* Not asked in a streak of "passed": the next question settles it. */
-    bool keep = *passed < 0 && (mp_load_relaxed(&k->idle_back) & MP_PARK_YES) != 0;
+    /* Open past the budget: s not asked in a streak of "passed" (the next
+     * question settles it), or s alone takes runs (design.md, "Solo"). */
+    bool keep = (*passed < 0 && (mp_load_relaxed(&k->idle_back) & MP_PARK_YES) != 0) ||
+                mp_park_solo(pool, e, MP_PARK_SOLO_RUNS);
     int f = fence_put(pool, a, e, s, p, order, keep);
     if (f != 0) return f > 0;
   }

@@ -14,6 +14,10 @@
 #define MP_PARK_YES_BACK 8u
 #define MP_PARK_SOLO 64u
 #define MP_PARK_YES 0x80000000u
+/* A stream whose run frees keep their fence batch open past the budget
+ * (mp_park_solo): it made the pool's last MP_PARK_SOLO_RUNS run takes, a
+ * training loop's steps of them, not a burst of one stream among several. */
+#define MP_PARK_SOLO_RUNS 4096u
 
 /* The stream entry's park (mp_park, types.h): blocks freed on the entry's
  * stream that allocations on it from any thread reuse at once.  Every
@@ -84,6 +88,13 @@ static inline int64_t mp_park_kind_budget(const magpool_t *pool, unsigned order)
   if (order < pool->s_nclasses || sc == 0) return sc;
   int64_t big = (int64_t)(pool->cfg.pool_size / 8);
   return big > sc ? big : sc;
+}
+
+/* Has s made the pool's last `n` run takes (runs.taker, runs.takes: it
+ * alone takes runs now)?  A hint (relaxed). */
+static inline bool mp_park_solo(const magpool_t *pool, const mp_sentry *e, uint64_t n) {
+  return pool->chunks != NULL && mp_load_relaxed(&pool->chunks->runs.taker) == e->key &&
+         mp_load_relaxed(&pool->chunks->runs.takes) >= n;
 }
 
 /* The most bytes a park keeps of blocks of `order`: its kind's budget

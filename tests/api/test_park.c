@@ -481,6 +481,58 @@ Test(park, a_ring_at_the_mark_reuses_its_run_and_retires_no_park, .timeout = 60)
   finish(pool, PS, s, 2);
 }
 
+/* A stream that alone takes runs (the pool's last MP_PARK_SOLO_RUNS run
+ * takes were its own) keeps its fence batch open past the budget: no batch goes
+ * behind it, where each budget's worth of run frees cost one (a stream
+ * callback, which holds the stream's later work: design.md, "Solo").  Once
+ * another stream takes a run, S's next run free over the budget sends the
+ * batch behind S as before.  S and T blocked; the runs' budget is
+ * max(stream_cache_bytes, pool_size / 8) = 8 MiB. */
+Test(park, a_stream_that_alone_takes_runs_keeps_its_batch_open, .timeout = 60) {
+  enum { N = 70 };
+  const size_t PS = 64 * MiB, B = 4 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .growth = 1, .stream_cache = 1 * MiB});
+  magpool_stream_t S = stream_new(), T = stream_new();
+  gate gs, gt;
+  gate_hold(&gs, S);
+  gate_hold(&gt, T);
+  /* The mark first, above all that follows: no request below is a new
+   * peak (which would settle S's batch from T's allocation). */
+  void *big = magpool_alloc(pool, 512 * MiB);
+  cr_assert_not_null(big);
+  cr_assert_eq(magpool_free(pool, big), 0);
+  /* S alone takes runs: MP_PARK_SOLO_RUNS (4096) takes and frees. */
+  for (int i = 0; i < 4100; i++) {
+    void *r = magpool_alloc_async(pool, B, S);
+    cr_assert_not_null(r);
+    cr_assert_eq(magpool_free_async(pool, r, S), 0);
+  }
+  static void *x[N + 1];
+  for (int i = 0; i <= N; i++) cr_assert_not_null(x[i] = magpool_alloc_async(pool, B, S));
+  uint64_t batches = mpt_stats(pool).stream_batches;
+  for (int i = 0; i < N; i++) cr_assert_eq(magpool_free_async(pool, x[i], S), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.stream_batches, batches, "%llu batches behind S, which alone takes runs",
+               (unsigned long long)(st.stream_batches - batches));
+  cr_assert_eq(st.pending_bytes, 0, "pending %zu", st.pending_bytes);
+  cr_assert_eq(st.cached_bytes, N * B, "cached %zu: not the %d runs fenced for S", st.cached_bytes, N);
+  void *y = magpool_alloc_async(pool, B, T); /* T takes a run: S is not alone */
+  cr_assert_not_null(y);
+  cr_assert_eq(magpool_free_async(pool, x[N], S), 0);
+  st = mpt_stats(pool);
+  cr_assert_eq(st.stream_batches, batches + 1, "%llu batches after another stream took a run",
+               (unsigned long long)(st.stream_batches - batches));
+  cr_assert_eq(st.pending_bytes, (N + 1) * B, "pending %zu cached %zu: not S's whole batch",
+               st.pending_bytes, st.cached_bytes);
+  mpt_assert_conserved(pool);
+  cr_assert_eq(magpool_free_async(pool, y, T), 0);
+  gate_release(&gs, S);
+  gate_release(&gt, T);
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, PS, s, 2);
+}
+
 /* Below a peak, fenced chunks are mapped chunks: a run fenced for S
  * serves S's smaller request where the tree would have to move chunks
  * (unmap empty ones and map them where the run lands: 53 us a chunk on a
