@@ -435,6 +435,16 @@ Test(park, at_a_new_peak_a_stream_grows_from_its_fenced_runs, .timeout = 60) {
   finish(pool, PS, &S, 1);
 }
 
+/* Opens the gates of S and T, trims, and finishes with both streams. */
+static void finish_gated(magpool_t *pool, size_t ps, magpool_stream_t S, gate *gs,
+                         magpool_stream_t T, gate *gt) {
+  gate_release(gs, S);
+  gate_release(gt, T);
+  cr_assert_eq(magpool_trim(pool), 0);
+  magpool_stream_t s[] = {S, T};
+  finish(pool, ps, s, 2);
+}
+
 /* A request that the busy-chunk count calls a new peak, served by a run
  * fenced for its own stream, raises nothing: it neither retires other
  * streams' parks nor asks its stream.  Blocked T holds an 8 MiB run fenced
@@ -474,11 +484,7 @@ Test(park, a_ring_at_the_mark_reuses_its_run_and_retires_no_park, .timeout = 60)
   }
   mpt_assert_conserved(pool);
   cr_assert_eq(magpool_free(pool, fill), 0);
-  gate_release(&gs, S);
-  gate_release(&gt, T);
-  cr_assert_eq(magpool_trim(pool), 0);
-  magpool_stream_t s[] = {S, T};
-  finish(pool, PS, s, 2);
+  finish_gated(pool, PS, S, &gs, T, &gt);
 }
 
 /* A stream that alone takes runs (the pool's last MP_PARK_SOLO_RUNS run
@@ -526,11 +532,7 @@ Test(park, a_stream_that_alone_takes_runs_keeps_its_batch_open, .timeout = 60) {
                st.pending_bytes, st.cached_bytes);
   mpt_assert_conserved(pool);
   cr_assert_eq(magpool_free_async(pool, y, T), 0);
-  gate_release(&gs, S);
-  gate_release(&gt, T);
-  cr_assert_eq(magpool_trim(pool), 0);
-  magpool_stream_t s[] = {S, T};
-  finish(pool, PS, s, 2);
+  finish_gated(pool, PS, S, &gs, T, &gt);
 }
 
 /* Below a peak, fenced chunks are mapped chunks: a run fenced for S
