@@ -24,15 +24,15 @@
  * Budget and batching (one stream callback per batch, never per free;
  * docs/design.md has the figures): stream-cached orders at most
  * stream_cache_bytes, larger ones max(stream_cache_bytes, pool_size / 8),
- * each split among the pool's live streams (park.h); a park that would
- * pass its budget retires the kind's least recently used orders down to
- * half of it (make_room_locked); every MP_PARK_AGE_STEP-th park retires
- * the orders idle for MP_PARK_AGE operations; trim, the ladder's cache rung, release and a thread's own
- * flush retire the whole park under the entry lock (mp_park_take_all);
- * stream_cache_bytes == 0 turns parking off (every async free retired).
- * Runs are fenced instead of parked (fence_put, passed_hint); a run
- * batch stays open past the budget while s alone takes runs (solo).
- * Parked bytes are cached bytes in the statistics (stream_table.c).
+ * each split among the pool's live streams (park.h); a park that would pass
+ * its budget retires the kind's least recently used orders down to half of
+ * it (make_room_locked); every MP_PARK_AGE_STEP-th park retires the orders
+ * idle for MP_PARK_AGE operations; trim, the ladder's cache rung, release
+ * and a thread's own flush retire the whole park under the entry lock
+ * (mp_park_take_all); stream_cache_bytes == 0 turns parking off (every
+ * async free retired).  Runs are fenced instead of parked (fence_put,
+ * passed_hint); a run batch stays open past the budget while s alone takes
+ * runs (solo).  Parked bytes are cached bytes in the statistics.
  *
  * Concurrency: the lock is a test-and-test-and-set word, held for a few
  * loads and stores (and, at most, one magazine from the lock-free spare
