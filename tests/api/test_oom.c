@@ -154,6 +154,44 @@ Test(oom, pending_frees_are_waited_for, .timeout = 60) { pending_case(0); }
 
 Test(oom, released_busy_stream_is_waited_for, .timeout = 60) { pending_case(1); }
 
+/* A stream that alone takes runs keeps its fence batch open past the
+ * budget (design.md, "Solo"): its runs are fenced for it, not pending,
+ * and no callback is on its way.  The synchronous API's request for the
+ * whole pool must still get them: the ladder retires the batch behind the
+ * stream and waits for it. */
+Test(oom, a_solo_streams_open_batch_is_waited_for, .timeout = 60) {
+  enum { N = 16 };
+  const size_t PS = 64 * MiB, B = 4 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
+  magpool_stream_t s = stream_new();
+  for (int i = 0; i < 4100; i++) { /* s alone takes runs */
+    void *r = magpool_alloc_async(pool, B, s);
+    cr_assert_not_null(r);
+    cr_assert_eq(magpool_free_async(pool, r, s), 0);
+  }
+  void *p[N];
+  for (int i = 0; i < N; i++) cr_assert_not_null(p[i] = magpool_alloc_async(pool, B, s));
+  gate g;
+  gate_init(&g);
+  launch(s, gate_task, &g); /* s is busy until the gate opens */
+  gate_wait_entered(&g);
+  uint64_t batches = mpt_stats(pool).stream_batches;
+  for (int i = 0; i < N; i++) cr_assert_eq(magpool_free_async(pool, p[i], s), 0);
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.stream_batches, batches, "the solo stream's batch went behind it");
+  cr_assert_eq(st.cached_bytes, PS, "cached %zu: the runs are not fenced for s", st.cached_bytes);
+  opener o = {&g, 200 * 1000};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, open_later, &o), 0);
+  void *all = magpool_alloc(pool, PS);
+  cr_assert_not_null(all, "ENOMEM (%s) with every run fenced for a stream about to pass",
+                     magpool_strerror(magpool_last_error()));
+  pthread_join(th, NULL);
+  cr_assert_eq(magpool_free(pool, all), 0);
+  gate_done(&g);
+  finish(pool, PS, &s, 1);
+}
+
 Test(oom, growth_is_tried_last, .timeout = 60) {
   const size_t PS = 4 * MiB;
   /* No stream cache: the frees are pending (or ready) at once.  The cap
