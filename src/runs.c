@@ -145,16 +145,22 @@ static inline uint64_t word_mask(uint32_t a, uint32_t b, uint32_t wi) {
   return m;
 }
 
-/* Chunks [a, b) out of fbits, a word at a time: fbit_put(k, false) for
- * each one in it. */
+/* Clears bits [a, b) of w, a word at a time; *n += how many were set,
+ * *both += how many of those are also set in `other`. */
+static void bits_clear(uint64_t *w, const uint64_t *other, uint32_t a, uint32_t b, uint64_t *n,
+                       uint64_t *both) {
+  for (uint32_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
+    uint64_t f = w[wi] & word_mask(a, b, wi);
+    w[wi] &= ~f;
+    *n += (uint64_t)__builtin_popcountll(f);
+    *both += (uint64_t)__builtin_popcountll(f & other[wi]);
+  }
+}
+
+/* Chunks [a, b) out of fbits: fbit_put(k, false) for each one in it. */
 static void fbits_clear(mp_runs *r, uint32_t a, uint32_t b) {
   uint64_t down = 0, dret = 0;
-  for (uint32_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
-    uint64_t f = r->fbits[wi] & word_mask(a, b, wi);
-    r->fbits[wi] &= ~f;
-    down += (uint64_t)__builtin_popcountll(f);
-    dret += (uint64_t)__builtin_popcountll(f & r->rbits[wi]);
-  }
+  bits_clear(r->fbits, r->rbits, a, b, &down, &dret);
   count_add(&r->nfenced, -down);
   count_add(&r->nretired, -dret);
 }
@@ -293,12 +299,8 @@ void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
   mp_runs *r = &pool->chunks->runs;
   runs_lock(r);
   memset(&r->tag[s], 0, (size_t)m * sizeof r->tag[0]);
-  uint64_t dret = 0; /* rbit_put(k, false) for each, a word at a time */
-  for (uint32_t wi = s / 64; wi <= (s + m - 1) / 64; wi++) {
-    uint64_t w = r->rbits[wi] & word_mask(s, s + m, wi);
-    r->rbits[wi] &= ~w;
-    dret += (uint64_t)__builtin_popcountll(w & r->fbits[wi]);
-  }
+  uint64_t gone = 0, dret = 0; /* rbit_put(k, false) for each */
+  bits_clear(r->rbits, r->fbits, s, s + m, &gone, &dret);
   count_add(&r->nretired, -dret);
   insert(r, s, m);
   runs_unlock(r);
