@@ -13,6 +13,7 @@
  *                     that say so when built without CUDA)
  *   replay_cub.cu     cub::CachingDeviceAllocator behind a C interface
  *                     (only with CUDA)
+ *   replay_gate.cu    --lag on CUDA streams: gate kernels (only with CUDA)
  *
  * A loaded trace is two arrays: one 8-byte event per line, and one size per
  * allocation.  Every allocation event gets its own slot (its ordinal among
@@ -79,7 +80,7 @@ typedef struct replay_opts {
   int passes;
   FILE *csv;             /* NULL: no per-event rows                       */
   int stats;             /* --stats: a STATS line after each magpool pass */
-  size_t lag;            /* --lag: host streams held N..2N events behind  */
+  size_t lag;            /* --lag: streams held N..2N events behind       */
   size_t evict;          /* --evict: bytes touched before each event (0:
                             none); each call is then timed alone          */
   volatile unsigned char *evict_buf;
@@ -102,6 +103,7 @@ typedef struct replay_result {
   uint64_t ns;             /* wall time of the events                     */
   /* magpool only, this pass's share of the pool's counters (--stats). */
   uint64_t grows, chunk_maps, chunk_unmaps, chunk_moves, stream_batches;
+  uint64_t pending_at_peak; /* pending_at_peak_bytes after the pass           */
 } replay_result;
 
 /* A runner replays trace t `o->passes` times and fills res[0 .. passes-1].
@@ -125,6 +127,27 @@ int replay_cuda_present(void);
 int replay_cuda_streams_create(void **out, uint32_t n);
 int replay_cuda_streams_sync(void **s, uint32_t n);
 void replay_cuda_streams_destroy(void **s, uint32_t n);
+
+/* --lag on CUDA streams (replay_gate.cu; a build without CUDA has none):
+ * gate kernels hold each stream until the replay opens its mark, or for
+ * 2 ms at most, as the host streams' marks do (replay_magpool.c).
+ *   replay_gates_new     a mapped pinned word for the marks, opened 0
+ *                        (NULL after printing why)
+ *   replay_gates_mark    a gate for `mark` on each of the n streams, then
+ *                        opens mark - 1 (0, or -1 after printing why)
+ *   replay_gates_set     opens every mark up to `opened` (UINT64_MAX: all;
+ *                        0 at a pass's start, once the streams are idle) */
+typedef struct replay_gates replay_gates;
+#ifdef __cplusplus
+extern "C" {
+#endif
+replay_gates *replay_gates_new(void);
+int replay_gates_mark(replay_gates *g, void **streams, uint32_t n, uint64_t mark);
+void replay_gates_set(replay_gates *g, uint64_t opened);
+void replay_gates_free(replay_gates *g);
+#ifdef __cplusplus
+}
+#endif
 
 /* ------------------------------------------------------------------ */
 /* Helpers (replay_trace.c)                                           */

@@ -24,7 +24,12 @@
  *       the legacy default stream, async on one stream per trace stream.
  *       peak_reserved: the highest cached + live bytes cub counts, read
  *       (two loads) after every event inside the timed loop.
+ *
+ * With --lag, the async passes of both stream-ordered peers hold their
+ * streams behind the replay with the gate kernels of replay_gate.cu, as
+ * magpool's runner does: the same marks at the same events.
  */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,6 +116,15 @@ static cudaStream_t *peer_streams(const replay_trace *t, enum replay_mode mode) 
   return st;
 }
 
+/* --lag: the gate of event i's mark on every stream (every o->lag events).
+ * true if it could not be queued: the pass stops with an error. */
+static bool lag_mark(replay_gates *gt, cudaStream_t *st, const replay_trace *t, size_t i,
+                     const replay_opts *o, replay_result *r) {
+  if (replay_gates_mark(gt, (void **)st, t->nstreams, i / o->lag + 1) == 0) return false;
+  r->status = REPLAY_ERROR;
+  return true;
+}
+
 static void peer_streams_free(const replay_trace *t, cudaStream_t *st) {
   if (st == NULL) return;
   cudaDeviceSynchronize();
@@ -140,8 +154,9 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
     return -1;
   void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
   cudaStream_t *st = peer_streams(t, mode);
+  replay_gates *gt = NULL;
   int ret = -1;
-  if (ptrs == NULL || st == NULL) goto out;
+  if (ptrs == NULL || st == NULL || (o->lag != 0 && (gt = replay_gates_new()) == NULL)) goto out;
   if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
       check("cudaMemPoolTrimTo", cudaMemPoolTrimTo(mp, 0)))
     goto out;
@@ -155,12 +170,14 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
     uint64_t live = 0, peak = 0;
     size_t i, n = t->nevents;
     cudaError_t e = cudaSuccess;
+    if (gt != NULL) replay_gates_set(gt, 0);
     replay_clock clk;
     replay_clock_start(&clk);
     for (i = 0; i < n; i++) {
       const replay_event ev = t->ev[i];
       const uint64_t sz = t->size[ev.slot];
       cudaStream_t s = st[replay_stream(ev)];
+      if (gt != NULL && i % o->lag == 0 && lag_mark(gt, st, t, i, o, r)) break;
       const uint64_t k0 = replay_call_start(o);
       if (!replay_is_free(ev)) {
         e = cudaMallocAsync(&ptrs[ev.slot], sz, s);
@@ -189,6 +206,7 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
       }
     }
     r->ns = replay_clock_ns(o, &clk);
+    if (gt != NULL) replay_gates_set(gt, UINT64_MAX);
     r->events = i < n ? i + 1 : n;
     r->fail_event = i;
     r->peak_live = peak;
@@ -206,7 +224,9 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
   }
   ret = 0;
 out:
+  if (gt != NULL) replay_gates_set(gt, UINT64_MAX);
   peer_streams_free(t, st);
+  replay_gates_free(gt);
   free(ptrs);
   cudaMemPoolTrimTo(mp, 0);
   cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &old_thr);
@@ -305,8 +325,9 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
   replay_cub_counters(cub, &cached, &livec);
   void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
   cudaStream_t *st = peer_streams(t, mode);
+  replay_gates *gt = NULL;
   int ret = -1;
-  if (ptrs == NULL || st == NULL) goto out;
+  if (ptrs == NULL || st == NULL || (o->lag != 0 && (gt = replay_gates_new()) == NULL)) goto out;
 
   for (int p = 0; p < o->passes; p++) {
     replay_result *r = &res[p];
@@ -314,11 +335,13 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
     uint64_t live = 0, peak = 0, peak_res = *cached + *livec;
     size_t i, n = t->nevents;
     cudaError_t e = cudaSuccess;
+    if (gt != NULL) replay_gates_set(gt, 0);
     replay_clock clk;
     replay_clock_start(&clk);
     for (i = 0; i < n; i++) {
       const replay_event ev = t->ev[i];
       const uint64_t sz = t->size[ev.slot];
+      if (gt != NULL && i % o->lag == 0 && lag_mark(gt, st, t, i, o, r)) break;
       const uint64_t k0 = replay_call_start(o);
       if (!replay_is_free(ev)) {
         e = (cudaError_t)replay_cub_alloc(cub, &ptrs[ev.slot], sz,
@@ -346,6 +369,7 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
       if (o->csv != NULL) replay_csv_row(o->csv, i, live, held, "cub", t->name, p + 1);
     }
     r->ns = replay_clock_ns(o, &clk);
+    if (gt != NULL) replay_gates_set(gt, UINT64_MAX);
     r->events = i < n ? i + 1 : n;
     r->fail_event = i;
     r->peak_live = peak;
@@ -360,7 +384,9 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
   }
   ret = 0;
 out:
+  if (gt != NULL) replay_gates_set(gt, UINT64_MAX);
   peer_streams_free(t, st);
+  replay_gates_free(gt);
   free(ptrs);
   check("cub destroy", (cudaError_t)replay_cub_destroy(cub));
   return ret;
@@ -382,6 +408,17 @@ int replay_cuda_streams_sync(void **s, uint32_t n) {
 }
 
 void replay_cuda_streams_destroy(void **s, uint32_t n) { (void)s, (void)n; }
+
+replay_gates *replay_gates_new(void) {
+  fprintf(stderr, "magpool-replay: --lag on CUDA streams: built without CUDA\n");
+  return NULL;
+}
+int replay_gates_mark(replay_gates *g, void **streams, uint32_t n, uint64_t mark) {
+  (void)g, (void)streams, (void)n, (void)mark;
+  return -1;
+}
+void replay_gates_set(replay_gates *g, uint64_t opened) { (void)g, (void)opened; }
+void replay_gates_free(replay_gates *g) { (void)g; }
 
 static int skipped(const char *peer, const replay_trace *t, const replay_opts *o,
                    enum replay_mode mode, replay_result *res) {

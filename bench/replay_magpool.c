@@ -13,7 +13,8 @@
  *        non-blocking CUDA streams on DEVICE and PINNED pools);
  *        magpool_alloc_async on the allocation's stream,
  *        magpool_free_async on the free's own stream; with --lag, the
- *        host streams are held behind the replay (below).
+ *        streams are held behind the replay (below; CUDA streams by gate
+ *        kernels, replay_gate.cu).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -65,15 +66,41 @@ static void lag_open(lagger *l, uint64_t upto) {
   pthread_mutex_unlock(&l->mu);
 }
 
-/* Mark n on every stream, and opens mark n - 1. */
-static void lag_mark_all(lagger *lg, magpool_stream_t *st, uint32_t ns, uint64_t n) {
+/* The marks of a pass: host streams (a lagger each) or CUDA streams (the
+ * gates); every `every` events. */
+typedef struct lag_ctl {
+  lagger *lg;
+  replay_gates *gt;
+  size_t every;
+} lag_ctl;
+
+/* Mark n on every stream, and opens mark n - 1.  0, or -1 if a gate could
+ * not be queued. */
+static int lag_mark_all(const lag_ctl *lc, magpool_stream_t *st, uint32_t ns, uint64_t n) {
+  if (lc->gt != NULL) return replay_gates_mark(lc->gt, (void **)st, ns, n);
   for (uint32_t k = 0; k < ns; k++) {
     lag_mark *x = malloc(sizeof *x);
     if (x != NULL) {
-      *x = (lag_mark){&lg[k], n};
+      *x = (lag_mark){&lc->lg[k], n};
       if (magpool_host_stream_launch(st[k], lag_task, x) != 0) free(x);
     }
-    lag_open(&lg[k], n - 1);
+    lag_open(&lc->lg[k], n - 1);
+  }
+  return 0;
+}
+
+/* Every mark open (the pass's end: the streams then run free), or none
+ * (its start: the streams ran everything of the last pass). */
+static void lag_set(const lag_ctl *lc, uint32_t ns, uint64_t opened) {
+  if (lc->gt != NULL) {
+    replay_gates_set(lc->gt, opened);
+    return;
+  }
+  for (uint32_t k = 0; k < ns; k++) {
+    pthread_mutex_lock(&lc->lg[k].mu);
+    lc->lg[k].opened = opened;
+    pthread_cond_broadcast(&lc->lg[k].cv);
+    pthread_mutex_unlock(&lc->lg[k].mu);
   }
 }
 
@@ -81,8 +108,7 @@ static void lag_mark_all(lagger *lg, magpool_stream_t *st, uint32_t ns, uint64_t
  * constants at every call site, so the timed loop has no test for them. */
 static inline __attribute__((always_inline)) void
 mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptrs, int async,
-        FILE *csv, int pass, replay_result *r, lagger *lg, size_t lag, const replay_opts *o,
-        int ev) {
+        FILE *csv, int pass, replay_result *r, const lag_ctl *lc, const replay_opts *o, int ev) {
   const replay_event *evs = t->ev;
   const uint64_t *size = t->size;
   const size_t n = t->nevents;
@@ -91,16 +117,16 @@ mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptr
   r->status = REPLAY_COMPLETED;
   /* Marks are numbered from 1 in each pass; 0 is open.  The streams ran
    * everything of the last pass (streams_sync). */
-  for (uint32_t k = 0; lg != NULL && k < t->nstreams; k++) {
-    pthread_mutex_lock(&lg[k].mu);
-    lg[k].opened = 0;
-    pthread_mutex_unlock(&lg[k].mu);
-  }
+  if (lc != NULL) lag_set(lc, t->nstreams, 0);
   replay_clock clk;
   replay_clock_start(&clk);
   for (i = 0; i < n; i++) {
     const replay_event e = evs[i];
-    if (lg != NULL && i % lag == 0) lag_mark_all(lg, st, t->nstreams, i / lag + 1);
+    if (lc != NULL && i % lc->every == 0 &&
+        UNLIKELY(lag_mark_all(lc, st, t->nstreams, i / lc->every + 1) != 0)) {
+      r->status = REPLAY_ERROR;
+      break;
+    }
     const uint64_t sz = size[e.slot];
     const uint64_t k0 = ev ? replay_call_start(o) : 0;
     if (!replay_is_free(e)) {
@@ -132,7 +158,7 @@ mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptr
     }
   }
   r->ns = replay_clock_ns(o, &clk);
-  for (uint32_t k = 0; lg != NULL && k < t->nstreams; k++) lag_open(&lg[k], UINT64_MAX);
+  if (lc != NULL) lag_set(lc, t->nstreams, UINT64_MAX);
   r->events = i < n ? i + 1 : n;
   r->fail_event = i;
   r->peak_live = peak;
@@ -184,16 +210,22 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
     return -1;
   }
   lagger *lg = NULL;
+  lag_ctl lag = {NULL, NULL, o->lag}, *lc = NULL;
   if (async) {
     st = calloc(t->nstreams, sizeof *st);
     if (st == NULL || streams_create(st, t->nstreams, cuda) != 0) goto out;
-    if (o->lag != 0 && !cuda) {
+    if (o->lag != 0 && cuda) {
+      if ((lag.gt = replay_gates_new()) == NULL) goto out;
+      lc = &lag;
+    } else if (o->lag != 0) {
       lg = calloc(t->nstreams, sizeof *lg);
       if (lg == NULL) goto out;
       for (uint32_t k = 0; k < t->nstreams; k++) {
         pthread_mutex_init(&lg[k].mu, NULL);
         pthread_cond_init(&lg[k].cv, NULL);
       }
+      lag.lg = lg;
+      lc = &lag;
     }
   }
 
@@ -220,15 +252,15 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
     magpool_stats_t s0;
     if (magpool_get_stats(pool, &s0) != 0) memset(&s0, 0, sizeof s0);
     if (o->csv != NULL) /* timing aside: every event reads the footprint */
-      mp_pass(t, pool, st, ptrs, async, o->csv, p + 1, r, lg, o->lag, o, o->evict != 0);
+      mp_pass(t, pool, st, ptrs, async, o->csv, p + 1, r, lc, o, o->evict != 0);
     else if (o->evict != 0 && async)
-      mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lg, o->lag, o, 1);
+      mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lc, o, 1);
     else if (o->evict != 0)
-      mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r, NULL, 0, o, 1);
+      mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r, NULL, o, 1);
     else if (async)
-      mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lg, o->lag, o, 0);
+      mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lc, o, 0);
     else
-      mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r, NULL, 0, o, 0);
+      mp_pass(t, pool, st, ptrs, 0, NULL, p + 1, r, NULL, o, 0);
     magpool_stats_t s;
     if (magpool_get_stats(pool, &s) == 0) {
       r->peak_reserved = s.peak_reserved_bytes;
@@ -237,6 +269,7 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
       r->chunk_unmaps = s.chunk_unmaps - s0.chunk_unmaps;
       r->chunk_moves = s.chunk_moves - s0.chunk_moves;
       r->stream_batches = s.stream_batches - s0.stream_batches;
+      r->pending_at_peak = s.pending_at_peak_bytes;
     }
     if (r->status == REPLAY_ERROR)
       fprintf(stderr, "magpool-replay: %s: magpool, event %zu: %s\n", t->name, r->fail_event,
@@ -264,6 +297,7 @@ out:
     pthread_cond_destroy(&lg[k].cv);
   }
   free(lg);
+  replay_gates_free(lag.gt);
   if (pool != NULL) magpool_destroy(pool);
   free(st);
   free(ptrs);

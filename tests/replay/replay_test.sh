@@ -15,7 +15,9 @@
 #   pass in its format, and the default 64 MiB pool, which holds the trace,
 #   neither grows nor maps a chunk; with --lag 5 (streams held behind the
 #   replay) every pass still completes with the same peak_live, and --lag
-#   with sync mode or a device pool is refused (exit 2); with --evict 64K
+#   with sync mode is refused (exit 2); on a GPU, --lag 5 on CUDA streams
+#   (gate kernels) completes for magpool, cudaMallocAsync and cub with
+#   that peak_live (skipped with no GPU); with --evict 64K
 #   (each call timed alone) every pass completes with that peak_live and
 #   a time above 0; a bad argument (--evict 3X or over 16G included) exits
 #   2.
@@ -84,7 +86,7 @@ smoke)
     done
     [ "$(printf '%s\n' "$out" | grep -c '^REPLAY .* result=oom@')" -eq 2 ] || fail "cap: no oom in a pass"
   done
-  sre='^STATS trace=tiny allocator=magpool mode=(sync|async) pass=[12] grows=[0-9]+ chunk_maps=[0-9]+ chunk_unmaps=[0-9]+ chunk_moves=[0-9]+ stream_batches=[0-9]+$'
+  sre='^STATS trace=tiny allocator=magpool mode=(sync|async) pass=[12] grows=[0-9]+ chunk_maps=[0-9]+ chunk_unmaps=[0-9]+ chunk_moves=[0-9]+ stream_batches=[0-9]+ pending_at_peak=[0-9]+$'
   for m in sync async; do
     run "$dir/tiny.trace" --kind host --mode "$m" --stats
     check_lines 2
@@ -100,11 +102,24 @@ smoke)
     [ "$(field result "$line")" = completed ] && [ "$(field peak_live "$line")" = 537813 ] ||
       echo "FAIL: --lag: $line"
   done | grep FAIL && fail "--lag"
-  for bad in "--mode sync --kind host" "--mode async --kind device" "--mode async --kind host --lag 0"; do
+  for bad in "--mode sync --kind host" "--mode sync --kind device" "--mode async --kind host --lag 0"; do
     # shellcheck disable=SC2086
     "$bin" "$dir/tiny.trace" --lag 5 $bad > /dev/null 2>&1
     [ $? -eq 2 ] || fail "--lag 5 $bad does not exit 2"
   done
+  if "$bin" "$dir/tiny.trace" --kind device --allocator cudaMallocAsync --passes 1 2> /dev/null |
+    grep -q '^REPLAY .* result=completed$'; then
+    run "$dir/tiny.trace" --kind device --mode async --allocator all --lag 5
+    # 2 passes each of magpool, cudaMallocAsync and cub (cudaMalloc: sync
+    # only, its lines say skipped)
+    [ "$(printf '%s\n' "$out" | grep -E "$re" | grep -c ' result=completed$')" -eq 6 ] ||
+      fail "--lag on CUDA streams: not 6 completed passes"
+    printf '%s\n' "$out" | grep '^REPLAY .* result=completed$' | while read -r line; do
+      [ "$(field peak_live "$line")" = 537813 ] || echo "FAIL: --lag on CUDA streams: $line"
+    done | grep FAIL && fail "--lag on CUDA streams"
+  else
+    echo "--lag on CUDA streams: no GPU, skipped"
+  fi
   for m in sync async; do
     run "$dir/tiny.trace" --kind host --mode "$m" --evict 64K
     check_lines 2
