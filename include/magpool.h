@@ -228,6 +228,23 @@ typedef struct magpool_config {
                                 Default -1: 0 with a max_pool_size, else
                                 1.  Other values: MAGPOOL_EINVAL at
                                 create                                   */
+  int cross_stream_reuse;    /* nonzero: an async allocation on stream t
+                                that would raise a chunked pool's peak
+                                may reuse memory of runs (blocks of a
+                                chunk or more) that other streams freed
+                                and have not yet passed, by making t wait
+                                for the work queued on those streams so
+                                far (CUDA streams: an event and
+                                cudaStreamWaitEvent; host streams: a
+                                task), as cudaMallocAsync's
+                                cudaMemPoolReuseAllowInternalDependencies
+                                does.  t's later work then runs after
+                                theirs, and the pool maps less while
+                                streams run behind their host
+                                (docs/benchmarks.md).  Default 0: streams
+                                stay independent (a program that holds
+                                one stream until another finishes, from
+                                the host, needs that)                   */
 } magpool_config_t;
 
 /* Statistics of one pool, summed over all threads.  Counters are kept per
@@ -475,7 +492,10 @@ MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
  * frees - not while s made the pool's last 4096 takes of such blocks,
  * as a training loop's one stream does: no other stream waits for them -
  * and at trim, the out-of-memory path, magpool_stream_release and other
- * streams' peaks; or when a free on s finds s idle).  s may be NULL: the legacy default stream on DEVICE and
+ * streams' peaks; or when a free on s finds s idle).  With
+ * cross_stream_reuse set, a request on another stream t that would raise
+ * the pool's peak may take them before, after making t wait for s's work
+ * queued so far (magpool_config_t).  s may be NULL: the legacy default stream on DEVICE and
  * PINNED pools; "no stream" (same as magpool_alloc) on HOST pools.  Errors as magpool_alloc, plus MAGPOOL_ECUDA if a CUDA call
  * failed, and MAGPOOL_EINVAL for a stream of the wrong kind where that can
  * be told.  Stream capture: the first call for s on a thread (and the first

@@ -121,7 +121,7 @@ MP_INLINE void free_validated(magpool_t *pool, mp_tcache *tc, void *p, _Atomic u
    * pointer are the caller's data race (see magpool_free). */
   mp_hdr_clear(h);
   if (MP_UNLIKELY(tc == NULL)) { /* no host memory for a record: no stats */
-    mp_acct a = {0, 0, 0};
+    mp_acct a = {0, 0, 0, NULL};
     mp_region_give(pool, &a, p, order);
     mp_acct_settle(pool, &a);
     return;

@@ -12,6 +12,7 @@
  */
 #include "alloc.h"
 #include "park.h"
+#include "runs.h"
 #include "stream_cache.h"
 
 /* The memo: the record's slot for s, while no trim happened since (the
@@ -97,6 +98,21 @@ static void *slot_refill(magpool_t *pool, mp_sslot *sl, unsigned order, magpool_
   return m != NULL ? mp_slot_load_owner(pool, sl, s, m) : NULL;
 }
 
+/* cross_stream_reuse at a new peak: s waits for the other streams that
+ * have runs fenced, and the take may use those runs (mp_streams_adopt).
+ * Not while s is captured: the wait would join the graph. */
+static MP_NOINLINE void *alloc_adopting(magpool_t *pool, mp_tcache *tc, mp_sslot *sl,
+                                        unsigned order, size_t size, magpool_stream_t s) {
+  mp_adopt ad = {.n = 0};
+  if (pool->sops->capturing(pool->src_ctx, s) == 0) mp_streams_adopt(pool, sl->e, s, &ad);
+  if (ad.n == 0) return mp_alloc_order(pool, tc, order, size, 0);
+  MP_HOOK(MP_HOOK_ADOPT_TAKE, &ad);
+  tc->acct.adopt = &ad;
+  void *p = mp_alloc_order(pool, tc, order, size, 0);
+  tc->acct.adopt = NULL;
+  return p;
+}
+
 /* alloc_async_full on a known stream: its slot, its park, the tree. */
 static void *alloc_on_stream(magpool_t *pool, mp_tcache *tc, mp_sslot *sl, unsigned order,
                              size_t size, magpool_stream_t s) {
@@ -120,6 +136,9 @@ static void *alloc_on_stream(magpool_t *pool, mp_tcache *tc, mp_sslot *sl, unsig
       mp_streams_retire_parks(pool, sl->e);
       mp_park_settle(pool, sl->e, s);
       mp_retire_drain(pool, &tc->acct);
+      if (pool->cfg.cross_stream_reuse && pool->sops->wait != NULL &&
+          mp_load_relaxed(&pool->chunks->runs.nfenced) != 0)
+        return alloc_adopting(pool, tc, sl, order, size, s);
     } else if (pool->chunks != NULL && mp_run_order(pool, order) &&
                (mp_load_relaxed(&sl->e->park.mask) >> order & 1)) {
       /* Runs of this order are parked on S, none within the waste rule:

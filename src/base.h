@@ -132,6 +132,10 @@ enum {
                             its run fenced and noted in the open batch   */
   MP_HOOK_FENCE_CLOSE,   /* arg: the mp_park; a flush holds its fence
                             lock, the open batch detached, not retired   */
+  MP_HOOK_ADOPT,         /* arg: the mp_sentry; a new peak read its newest
+                            tag and retired its park, not yet waited for */
+  MP_HOOK_ADOPT_TAKE,    /* arg: the mp_adopt; its streams waited for, the
+                            take not yet made                            */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before

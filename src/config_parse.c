@@ -41,6 +41,7 @@ static const field fields[] = {
     FIELD(release_threshold, F_SIZE),
     FIELD(trace_path, F_STR),
     FIELD(chunk_groups, F_INT),
+    FIELD(cross_stream_reuse, F_BOOL),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 

@@ -50,6 +50,7 @@ void magpool_config_init(magpool_config_t *cfg) {
   cfg->release_threshold = SIZE_MAX;
   cfg->trace_path = NULL;
   cfg->chunk_groups = -1;
+  cfg->cross_stream_reuse = 0;
   mp_config_apply_env(cfg); /* MAGPOOL_CONF, MAGPOOL_TRACE (config_parse.c) */
 }
 

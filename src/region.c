@@ -158,7 +158,7 @@ static inline bool is_run(const magpool_t *pool, const void *p) {
 static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow) {
   mp_chunks *c = pool->chunks;
   uint32_t m = (uint32_t)mp_chunks_for(c, need);
-  int64_t s = mp_runs_alloc(pool, m, a->fence_owner);
+  int64_t s = mp_runs_alloc(pool, m, a->fence_owner, a->adopt);
   if (s < 0) return NULL;
   char *p = c->base + ((size_t)(c->run0 + (uint64_t)s) << c->shift);
   if (mp_chunks_acquire(pool, p, order, need, grow) != 0) {

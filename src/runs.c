@@ -1,13 +1,11 @@
 /* runs.c - runs of whole chunks for large blocks.  Layer 2.
  *
- * Blocks of a chunk or more that no cache serves do not take a buddy
- * block: they take a run of ceil(size / chunk) chunks in the upper half of
- * the pool's address range (data and invariants: types.h, mp_runs).  A
- * buddy block of 2^k bytes has to sit at a 2^k-aligned free position,
- * and the free mapped chunks of a warm pool are seldom there; a run can
- * go wherever enough of them lie in a row.  Placement, among the free runs
- * at least as long as the request (best-fit with a preference for mapped
- * memory, which is what makes a warm pool map nothing):
+ * Blocks of a chunk or more that no cache serves take a run of
+ * ceil(size / chunk) chunks in the upper half of the pool's address range
+ * (data and invariants: types.h, mp_runs), not a buddy block, which must
+ * sit 2^k-aligned where a warm pool's free mapped chunks seldom are.
+ * Placement, among the free runs at least as long as the request
+ * (best-fit preferring mapped memory, so that a warm pool maps nothing):
  *   - an exactly fitting run whose chunks are all mapped, at once;
  *   - else the window with the most mapped chunks, among a run's start
  *     and the windows that start or end with a row of mapped chunks in
@@ -17,10 +15,9 @@
  * The long tail of never-used space is one free run like the others, with
  * no mapped chunk: it is taken only when nothing scores higher.
  * One lock, a word (runs_lock): large allocations are rare next to small
- * ones, and each costs a scan of the free runs, not a system call; a
- * pthread mutex cost 15 % of a warm replay (docs/benchmarks.md).
- * Fenced free runs (runs.h): a take that may not use a fenced chunk
- * looks at the pieces of each free run between such chunks.
+ * ones, each a scan of the free runs; a pthread mutex cost 15 % of a warm
+ * replay (docs/benchmarks.md).  Fenced free runs (runs.h): a take that may
+ * not use a fenced chunk looks at the pieces of a run between such chunks.
  */
 #include "runs.h"
 
@@ -65,9 +62,8 @@ static void list_remove(mp_runs *r, uint32_t s) {
   r->free_chunks -= len;
 }
 
-/* The chunk map's mapped bitmap, read without its lock: a hint.  A chunk
- * mapped or unmapped meanwhile only makes the choice less good; the take
- * that follows maps what is not mapped (chunk.c). */
+/* The chunk map's mapped bitmap, read without its lock: a hint (a chunk
+ * mapped or unmapped meanwhile makes the choice less good; chunk.c maps). */
 static inline uint64_t map_word(const mp_chunks *c, uint64_t wi) {
   return mp_load_relaxed(&c->mapped[wi]);
 }
@@ -85,8 +81,7 @@ static uint32_t mapped_in(const mp_chunks *c, uint32_t s, uint32_t m) {
   return k;
 }
 
-/* The first run-space chunk in [i, end) that is mapped (set) or unmapped
- * (!set); end if none. */
+/* The first run-space chunk in [i, end) mapped (set) or not; end if none. */
 static uint32_t next_chunk(const mp_chunks *c, uint32_t i, uint32_t end, bool set) {
   uint64_t x = c->run0 + i, e = c->run0 + end;
   while (x < e) {
@@ -171,27 +166,31 @@ static inline void rbit_put(mp_runs *r, uint32_t k, bool on) {
   if (fbit(r, k)) count(&r->nretired, on);
 }
 
+/* May a take use fenced chunk k of another owner (ad: runs.h)? */
+static bool adoptable(const mp_runs *r, uint32_t k, const mp_adopt *ad) {
+  for (uint32_t j = 0; ad != NULL && j < ad->n; j++)
+    if (r->owner[k] == ad->owner[j]) return (int32_t)(r->tag[k] - ad->tag[j]) <= 0;
+  return false;
+}
+
 /* The first chunk in [i, end) fenced by another than `owner` (any fenced
- * one if owner is 0); end if none.  Chunks at or above `top` were never
- * mapped, so never fenced. */
+ * one if owner is 0) and not adopted; end if none.  Chunks at or above
+ * `top` were never mapped, so never fenced. */
 static uint32_t next_foreign(const mp_runs *r, uint32_t i, uint32_t end, uint32_t top,
-                             uint64_t owner) {
+                             uint64_t owner, const mp_adopt *ad) {
   uint32_t e = end < top ? end : top;
   for (uint32_t wi = i / 64; i < e && wi <= (e - 1) / 64; wi++) {
     uint64_t w = r->fbits[wi] & (wi == i / 64 ? ~(uint64_t)0 << (i % 64) : ~(uint64_t)0);
     for (; w != 0; w &= w - 1) {
       uint32_t k = wi * 64 + mp_ctz64(w);
       if (k >= e) return end;
-      if (owner == 0 || r->owner[k] != owner) return k;
+      if ((owner == 0 || r->owner[k] != owner) && !adoptable(r, k, ad)) return k;
     }
   }
   return end;
 }
 
-typedef struct pick {
-  uint32_t run, at, score, len;
-  bool found;
-} pick;
+typedef struct pick { uint32_t run, at, score, len; bool found; } pick;
 
 static void window(const mp_chunks *c, pick *b, uint32_t run, uint32_t len, uint32_t m,
                    uint32_t at) {
@@ -201,11 +200,10 @@ static void window(const mp_chunks *c, pick *b, uint32_t run, uint32_t len, uint
 }
 
 /* Scores the windows of [s, s + len), free run `run` or a piece of it,
- * for m chunks: its start
- * and end, and each window that starts where a row of mapped chunks starts or
- * ends where one ends (clipped to the run).  Some window of the most
- * mapped chunks is among them: slide any window until one of its ends
- * meets a row's end, and it keeps every mapped chunk it had. */
+ * for m chunks: its start and end, and each window that starts where a
+ * row of mapped chunks starts or ends where one ends (clipped to the run).
+ * Some window of the most mapped chunks is among them: slide any window
+ * until one of its ends meets a row's end; it keeps its mapped chunks. */
 static void consider(const magpool_t *pool, pick *b, uint32_t run, uint32_t s, uint32_t len,
                      uint32_t m) {
   const mp_chunks *c = pool->chunks;
@@ -227,7 +225,7 @@ static void consider(const magpool_t *pool, pick *b, uint32_t run, uint32_t s, u
 /* Free run [s, s + len) for a take of m chunks by `owner`: whole, or
  * piece by piece between the chunks it may not use. */
 static void consider_run(const magpool_t *pool, pick *b, uint32_t s, uint32_t len, uint32_t m,
-                         uint64_t owner) {
+                         uint64_t owner, const mp_adopt *ad) {
   const mp_runs *r = &pool->chunks->runs;
   if (mp_load_relaxed(&r->nfenced) == 0 || (owner != 0 && r->sole == owner)) {
     consider(pool, b, s, s, len, m);
@@ -236,13 +234,13 @@ static void consider_run(const magpool_t *pool, pick *b, uint32_t s, uint32_t le
   uint64_t t = mp_load_relaxed(&pool->chunks->run_top);
   uint32_t top = t <= pool->chunks->run0 ? 0 : (uint32_t)(t - pool->chunks->run0);
   for (uint32_t a = s, end = s + len; a < end && !(b->found && b->score == m);) {
-    uint32_t z = next_foreign(r, a, end, top, owner);
+    uint32_t z = next_foreign(r, a, end, top, owner, ad);
     if (z - a >= m) consider(pool, b, s, a, z - a, m);
     a = z + 1;
   }
 }
 
-int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner) {
+int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adopt *ad) {
   mp_runs *r = &pool->chunks->runs;
   if (m == 0 || m > r->n) return -1;
   runs_lock(r);
@@ -256,13 +254,13 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner) {
   for (uint32_t L = next_full(r, m); L < MP_RUN_BINS && looked < MP_RUN_SCAN &&
                                      !(b.found && b.score == m); L = next_full(r, L + 1))
     for (uint32_t s = r->bin[L]; s != NIL && looked < MP_RUN_SCAN; s = r->next[s], looked++) {
-      consider_run(pool, &b, s, L, m, owner);
+      consider_run(pool, &b, s, L, m, owner, ad);
       if (b.found && b.score == m && b.len == m) goto take; /* an exact fit, all mapped */
     }
   /* The long runs, the unused tail among them, always get a look. */
   if (!(b.found && b.score == m))
     for (uint32_t s = r->bin[0], k = 0; s != NIL && k < MP_RUN_SCAN; s = r->next[s], k++)
-      if (r->head[s] >= m) consider_run(pool, &b, s, r->head[s], m, owner);
+      if (r->head[s] >= m) consider_run(pool, &b, s, r->head[s], m, owner, ad);
   if (!b.found) {
     runs_unlock(r);
     return -1;
@@ -330,6 +328,12 @@ uint32_t mp_runs_tag(magpool_t *pool) {
   if (t == 0) t = ++r->next_tag;
   runs_unlock(r);
   return t;
+}
+uint32_t mp_runs_tag_now(magpool_t *pool) { /* the lock orders it after mp_runs_tag */
+  mp_runs *r = &pool->chunks->runs;
+  runs_lock(r);
+  uint32_t t = r->next_tag;
+  return runs_unlock(r), t;
 }
 
 /* A live run's chunks are never in fbits (mp_runs_alloc takes its window

@@ -32,11 +32,21 @@
 
 #include "internal.h"
 
+/* Other streams' fenced chunks a take may use too (cross_stream_reuse:
+ * alloc_async.c, stream_cache.c): owner[i]'s chunks whose tag is at most
+ * tag[i] (wrapping), read before owner[i]'s open fence batch was retired
+ * and before the taking stream was made to wait for owner[i]'s stream. */
+#define MP_ADOPT_MAX 8
+typedef struct mp_adopt {
+  uint32_t n, tag[MP_ADOPT_MAX];
+  uint64_t owner[MP_ADOPT_MAX];
+} mp_adopt;
+
 int mp_runs_init(magpool_t *pool, uint32_t n);
 void mp_runs_fini(magpool_t *pool);
 /* A free run of m chunks (placement: runs.c) that may use the chunks
- * fenced by `owner` (0: none), or -1 if none. */
-int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner);
+ * fenced by `owner` (0: none) and those `ad` names (NULL: none), or -1. */
+int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adopt *ad);
 /* Back to the free runs: [s, s + m) of a block given back (busy 0
  * already; stale tags are cleared). */
 void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m);
@@ -44,8 +54,9 @@ void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m);
  * mp_runs_alloc gave: chunks with a tag are fenced again, the others go
  * to busy 0 (and out of nbusy). */
 void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m);
-/* A fresh batch tag (never 0). */
+/* A fresh batch tag (never 0); the newest one given (mp_adopt). */
 uint32_t mp_runs_tag(magpool_t *pool);
+uint32_t mp_runs_tag_now(magpool_t *pool);
 /* Back to the free runs, fenced by (tag, owner): [s, s + m) of a run
  * freed on owner's stream, busy counts kept; `retired`: its batch is
  * behind the stream already (else mp_runs_retire says so later).  true

@@ -27,6 +27,7 @@
  *   ready == reserved
  */
 #include "park.h"
+#include "runs.h"
 #include "stream_cache.h"
 
 #include <sched.h>
@@ -351,6 +352,44 @@ static void park_retire_one(magpool_t *pool, mp_sentry *e, void *except) {
     mp_park_retire_all(pool, e, e->handle, false, NULL);
   }
   mp_entry_unlock(e);
+}
+
+typedef struct adopt_walk {
+  mp_sentry *self;
+  magpool_stream_t t;
+  mp_adopt *ad;
+} adopt_walk;
+
+/* Under the entry lock: no release can clear the stream meanwhile, so
+ * the program cannot destroy it under the wait either.  The tag is read
+ * before the park's open batch is detached: a run fenced with a tag at
+ * most it was fenced before the detach (under the fence lock), so its
+ * free, and the work before it, come before the wait's mark on the
+ * stream; a batch opened later takes a newer tag. */
+static void adopt_one(magpool_t *pool, mp_sentry *e, void *arg) {
+  adopt_walk *w = arg;
+  if (e == w->self || w->ad->n == MP_ADOPT_MAX ||
+      (mp_load_relaxed(&e->pending) == 0 && mp_load_relaxed(&e->park.fbytes) == 0))
+    return;
+  if (mp_load_relaxed(&e->sid) == 0 || !mp_entry_try(e)) return; /* busy: skip it */
+  if (mp_load_relaxed(&e->sid) != 0 && !pool->sops->per_thread(e->handle) &&
+      pool->sops->capturing(pool->src_ctx, e->handle) == 0) {
+    uint32_t tag = mp_runs_tag_now(pool);
+    mp_park_retire_all(pool, e, e->handle, false, NULL);
+    MP_HOOK(MP_HOOK_ADOPT, e);
+    if (pool->sops->wait(pool->src_ctx, w->t, e->handle) == 0) {
+      w->ad->owner[w->ad->n] = e->key;
+      w->ad->tag[w->ad->n++] = tag;
+    }
+  }
+  mp_entry_unlock(e);
+}
+
+void mp_streams_adopt(magpool_t *pool, mp_sentry *self, magpool_stream_t t, mp_adopt *ad) {
+  adopt_walk w = {self, t, ad};
+  mp_streams_read_lock();
+  mp_streams_each_rcu(pool, adopt_one, &w);
+  mp_streams_read_unlock();
 }
 
 void mp_streams_retire_parks(magpool_t *pool, mp_sentry *except) {

@@ -25,4 +25,13 @@ MP_INLINE void mp_slot_bytes_add(mp_sslot *sl, int64_t d) {
  * returned. */
 void *mp_slot_load_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, mp_mag *m);
 
+/* cross_stream_reuse, at a new peak on stream t (entry `self`): every
+ * other stream that has runs fenced, in its open batch or behind it, as
+ * far as *ad has room: its newest tag read, its park retired (as
+ * mp_streams_retire_parks does), then t made to wait for it; those
+ * waited for are added to *ad (runs.h), whose runs a take on t may then
+ * use.  Skips a stream being captured, a per-thread one and one whose
+ * entry is busy. */
+void mp_streams_adopt(magpool_t *pool, mp_sentry *self, magpool_stream_t t, struct mp_adopt *ad);
+
 #endif /* MAGPOOL_STREAM_CACHE_H */

@@ -179,6 +179,26 @@ static int idle_runtime(cudaStream_t cs) {
   return e == cudaSuccess;
 }
 
+/* cross_stream_reuse: an event recorded on s, waited for by t, on the
+ * pool's device.  Destroying it at once is fine: the wait holds on to
+ * what it needs.  A failure leaves no error in the runtime's last-error
+ * slot (the caller only does without the memory). */
+static int cu_wait(void *dev, magpool_stream_t t, magpool_stream_t s) {
+  int saved = 0, d = dev_of(dev);
+  if (cudaGetDevice(&saved) != cudaSuccess) return MAGPOOL_ECUDA;
+  if (saved != d && cudaSetDevice(d) != cudaSuccess) return MAGPOOL_ECUDA;
+  cudaEvent_t ev;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) {
+    e = cudaEventRecord(ev, (cudaStream_t)s);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)t, ev, 0);
+    (void)cudaEventDestroy(ev);
+  }
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  if (saved != d) (void)cudaSetDevice(saved);
+  return e == cudaSuccess ? 0 : MAGPOOL_ECUDA;
+}
+
 const mp_stream_ops mp_cuda_stream_ops = {
   .get_id = cu_get_id,
   .after = cu_after,
@@ -187,6 +207,7 @@ const mp_stream_ops mp_cuda_stream_ops = {
   .sync_all = cu_sync_all,
   .per_thread = cu_per_thread,
   .idle = cu_idle,
+  .wait = cu_wait,
   .check_capture = true,
 };
 

@@ -363,6 +363,63 @@ static bool host_per_thread(magpool_stream_t s) {
   return false;
 }
 
+/* wait: a latch that a task on s opens and a task on t waits for; each
+ * task drops one of its two references, the last one frees it. */
+typedef struct host_latch {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int open, refs;
+} host_latch;
+
+static void latch_drop(host_latch *l) { /* mu held; released here */
+  bool last = --l->refs == 0;
+  pthread_mutex_unlock(&l->mu);
+  if (!last) return;
+  pthread_cond_destroy(&l->cv);
+  pthread_mutex_destroy(&l->mu);
+  free(l);
+}
+
+static void latch_open(void *arg) {
+  host_latch *l = arg;
+  pthread_mutex_lock(&l->mu);
+  l->open = 1;
+  pthread_cond_broadcast(&l->cv);
+  latch_drop(l);
+}
+
+static void latch_wait(void *arg) {
+  host_latch *l = arg;
+  pthread_mutex_lock(&l->mu);
+  while (!l->open) pthread_cond_wait(&l->cv, &l->mu);
+  latch_drop(l);
+}
+
+/* The mutex orders what s's tasks did before the latch opened before
+ * what t's tasks do after it. */
+static int host_wait(void *dev, magpool_stream_t t, magpool_stream_t s) {
+  (void)dev;
+  host_latch *l = malloc(sizeof *l);
+  if (l == NULL) return MAGPOOL_ENOMEM;
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_cond_init(&l->cv, NULL);
+  l->open = 0;
+  l->refs = 2;
+  int rc = magpool_host_stream_launch(s, latch_open, l);
+  if (rc != 0) {
+    l->refs = 1;
+    pthread_mutex_lock(&l->mu);
+    latch_drop(l);
+    return rc;
+  }
+  rc = magpool_host_stream_launch(t, latch_wait, l);
+  if (rc != 0) { /* s's task drops the other reference */
+    pthread_mutex_lock(&l->mu);
+    latch_drop(l);
+  }
+  return rc;
+}
+
 const mp_stream_ops mp_host_stream_ops = {
   .per_thread = host_per_thread,
   .check_capture = false,
@@ -372,4 +429,5 @@ const mp_stream_ops mp_host_stream_ops = {
   .capturing = host_capturing,
   .sync_all = host_sync_all,
   .idle = host_idle,
+  .wait = host_wait,
 };

@@ -49,7 +49,6 @@ typedef struct mp_source_ops {
   /* Called once at pool creation; may set up ctx.  NULL = nothing to do. */
   int (*open)(void **ctx, const magpool_config_t *cfg);
   void (*close)(void *ctx);
-
   /* Sources that map memory on demand set those below (map != NULL);
    * others leave them NULL and give whole regions through reserve.  The
    * pool calls map, unmap and drop_kept under its map lock only (not
@@ -99,17 +98,19 @@ typedef struct mp_stream_ops {
   int (*capturing)(void *dev, magpool_stream_t s);
   /* Waits for all work of the pool's device; MAGPOOL_ENOTSUP on host. */
   int (*sync_all)(void *dev);
-  /* Does handle s name a different stream on each thread
-   * (cudaStreamPerThread)?  Such an entry's blocks can only be retired by
-   * the thread whose stream it is. */
+  /* Does handle s name a different stream on each thread (cudaStream-
+   * PerThread)?  Only the thread whose stream it is retires its blocks. */
   bool (*per_thread)(magpool_stream_t s);
   /* 1 if s has finished every piece of work queued on it so far (so a
    * free made on s now is already passed), 0 if not or not known; never
    * waits.  NULL: never known.  (CUDA: stream_cuda.c says when it asks,
    * so that the query never touches a capture in progress.) */
   int (*idle)(void *dev, magpool_stream_t s);
-  /* Must every async free ask capturing() first?  (CUDA: yes, a free
-   * recorded into a graph must not make its block reusable; host: no.) */
+  /* t's work queued from now on waits for all of s's queued so far
+   * (cross_stream_reuse); 0, or an error (t does not wait). */
+  int (*wait)(void *dev, magpool_stream_t t, magpool_stream_t s);
+  /* Must every async free ask capturing() first?  (CUDA: yes, a free in
+   * a graph being captured must not make its block reusable; host: no.) */
   bool check_capture;
 } mp_stream_ops;
 
@@ -241,6 +242,7 @@ typedef struct mp_acct {
   int64_t tree_delta;    /* owner only: not yet added to pool->tree_out  */
   uint64_t fence_owner;  /* owner only: the stream whose fenced runs its
                             takes may use (0: none; alloc_async.c)      */
+  const struct mp_adopt *adopt; /* owner only: others' too (runs.h)     */
 } mp_acct;
 
 /* A magazine: a bounded LIFO of free blocks of one class.  Owned by one
@@ -261,11 +263,10 @@ typedef struct mp_mag {
  * head packs the top magazine's 32-bit index (no pointer bits, so any
  * address layout works) with a 32-bit version that every successful push
  * and pop increments.  A pop whose head was popped and pushed back between
- * its read and its CAS sees a different version and retries, unless
- * exactly a multiple of 2^32 operations ran meanwhile (about two minutes
- * of one core doing nothing else).  Magazines are never unmapped while the
- * pool lives, so reading a stale head's `next` is safe (it is atomic, and
- * the CAS then fails). */
+ * its read and its CAS sees a different version and retries, unless just
+ * a multiple of 2^32 operations ran meanwhile (minutes of one core doing
+ * nothing else).  Magazines are never unmapped while the pool lives: a
+ * stale head's `next` is safe to read (atomic; the CAS then fails). */
 typedef struct mp_stack {
   _Atomic uint64_t head;
   _Atomic int64_t bytes; /* depots: bytes held (relaxed), on the head's line */
@@ -280,8 +281,7 @@ typedef struct mp_stack {
 typedef struct mp_batch {
   struct mp_batch *next;     /* ready-list link                        */
   magpool_t *pool;
-  _Atomic int64_t *pending;  /* the stream entry's batch count, or the
-                                pool's orphan_pending                   */
+  _Atomic int64_t *pending;  /* the entry's batch count, or orphan_pending */
   int64_t bytes, fbytes;     /* blocks in mags; fenced runs            */
   mp_mag *mags;              /* chain via mag->next, order in mag->order */
   uint32_t *fr, nfr, tag;    /* fenced runs: nfr (start, len) pairs     */

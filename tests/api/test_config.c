@@ -25,6 +25,7 @@ Test(config, defaults) {
   cr_assert_eq(cfg.stream_cache_bytes, 8 * MiB);
   cr_assert_eq(cfg.capture_check, 1);
   cr_assert_eq(cfg.chunk_groups, -1);
+  cr_assert_eq(cfg.cross_stream_reuse, 0);
   magpool_config_init(NULL); /* no-op, must not crash */
 }
 

@@ -27,7 +27,7 @@ Test(config_parse, every_field) {
       &c, "pool_size=1G,allow_growth=1,max_pool_size=4G,min_block=256,kind=pinned,"
           "device=3,thread_cache_bytes=4M,cache_max_block=512K,stream_cache_bytes=2MiB,"
           "capture_check=off,chunk_size=64KB,release_threshold=max,trace_path=/tmp/x.trace,"
-          "chunk_groups=0");
+          "chunk_groups=0,cross_stream_reuse=yes");
   cr_assert_eq(rc, 0, "%s", magpool_config_error());
   cr_assert_eq(c.pool_size, (size_t)1 << 30);
   cr_assert_eq(c.allow_growth, 1);
@@ -43,6 +43,7 @@ Test(config_parse, every_field) {
   cr_assert_eq(c.release_threshold, SIZE_MAX);
   cr_assert_str_eq(c.trace_path, "/tmp/x.trace");
   cr_assert_eq(c.chunk_groups, 0);
+  cr_assert_eq(c.cross_stream_reuse, 1);
   cr_assert_eq(c.struct_size, sizeof c);
 }
 

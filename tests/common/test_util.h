@@ -144,6 +144,7 @@ typedef struct mpt_cfg {
                               divide is not chunked: whole regions) */
   int growth;              /* .allow_growth (default 0: off)      */
   magpool_mem_kind_t kind; /* .kind (default MAGPOOL_MEM_HOST)    */
+  int cross_reuse;         /* .cross_stream_reuse (default 0: off) */
 } mpt_cfg;
 
 static inline size_t mpt_cfg_size_(size_t v, size_t dflt) {
@@ -167,6 +168,8 @@ static inline magpool_t *mpt_pool(const mpt_cfg *c) {
     cfg.allow_growth = c->growth;
   if (c->kind != 0)
     cfg.kind = c->kind;
+  if (c->cross_reuse != 0)
+    cfg.cross_stream_reuse = c->cross_reuse;
   magpool_t *pool = NULL;
   int rc = magpool_create(&cfg, &pool);
   cr_assert_eq(rc, 0,

@@ -16,6 +16,11 @@
 //      retire must go behind T's stream, not behind the trimming thread's
 //      own per-thread stream (cudaStreamPerThread names a different stream
 //      on every thread).
+//   3. cross_stream_reuse: on a pool with the field set, a request on B at
+//      a new peak takes a run freed on gated A at once, and B's work
+//      queued after the allocation runs only once A has passed: A checks
+//      the run's pattern after its gate, B overwrites it right after the
+//      allocation.  Had B not waited for A, A's check would fail.
 //
 // While a stream is gated the test thread makes no CUDA call that might
 // wait for the whole device (cudaMalloc, cudaFree, pageable copies, first
@@ -458,6 +463,68 @@ void per_thread_stream_trim() {
               st.pending_bytes, M * SZ, hits, nbad);
 }
 
+// ------------------------------------------------------------------ 3 --
+
+void cross_stream_reuse() {
+  const size_t CH = 2u << 20, PS = 8 * CH, RUN = 4 * CH;
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.kind = MAGPOOL_MEM_DEVICE;
+  cfg.pool_size = PS;
+  cfg.allow_growth = 1;
+  cfg.cross_stream_reuse = 1;
+  magpool_t *pool = nullptr;
+  int rc = magpool_create(&cfg, &pool);
+  REQUIRE(rc == 0, "magpool_create: %s", magpool_strerror(rc));
+  cudaStream_t A, B;
+  CK(cudaStreamCreateWithFlags(&A, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&B, cudaStreamNonBlocking));
+  unsigned long long *bad = nullptr;
+  CK(cudaMalloc(&bad, sizeof *bad));
+  CK(cudaMemset(bad, 0, sizeof *bad));
+  CK(cudaDeviceSynchronize());
+  // fill and x take the pool's 8 chunks: B's request is a new peak.
+  void *fill = magpool_alloc(pool, PS - RUN);
+  void *x = magpool_alloc_async(pool, RUN, (magpool_stream_t)A);
+  REQUIRE(fill != nullptr && x != nullptr, "allocation failed");
+  const uint32_t n = (uint32_t)(RUN / 4);
+  k_fill1<<<1, 128, 0, A>>>((uint32_t *)x, n, 77);
+  Gate g;
+  g.init();
+  g.block(A);
+  k_check1<<<1, 128, 0, A>>>((const uint32_t *)x, n, 77, bad);
+  CK(cudaGetLastError());
+  EXPECT(magpool_free_async(pool, x, (magpool_stream_t)A) == 0, "free on A");
+  size_t res = stats(pool).reserved_bytes;
+  TRACE("cross: freed on gated A");
+  void *y = magpool_alloc_async(pool, RUN, (magpool_stream_t)B);
+  TRACE("cross: allocated on B");
+  EXPECT(y == x, "B's request at a new peak did not take the run freed on A (%p, %p)", y, x);
+  EXPECT(stats(pool).reserved_bytes == res, "the pool mapped more: %zu, was %zu",
+         stats(pool).reserved_bytes, res);
+  if (y != nullptr) k_fill1<<<1, 128, 0, B>>>((uint32_t *)y, n, 99);
+  CK(cudaGetLastError());
+  g.open();
+  CK(cudaStreamSynchronize(A));
+  CK(cudaStreamSynchronize(B));
+  unsigned long long nbad = 1;
+  CK(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
+  EXPECT(nbad == 0, "B wrote the run before A had passed its free (A's check failed)");
+  g.done("cross_stream_reuse");
+  if (y != nullptr) EXPECT(magpool_free_async(pool, y, (magpool_stream_t)B) == 0, "free on B");
+  EXPECT(magpool_free(pool, fill) == 0, "free");
+  CK(cudaStreamSynchronize(B));
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)A) == 0, "release A");
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)B) == 0, "release B");
+  CK(cudaStreamDestroy(A));
+  CK(cudaStreamDestroy(B));
+  CK(cudaFree(bad));
+  EXPECT(magpool_check(pool) == 0, "magpool_check");
+  EXPECT(magpool_destroy(pool) == 0, "destroy");
+  std::printf("gpu_gated: cross_stream_reuse: %s, %llu corruptions\n",
+              y == x ? "took the run" : "did not take the run", nbad);
+}
+
 }  // namespace
 
 int main() {
@@ -483,6 +550,7 @@ int main() {
   CK(cudaFuncGetAttributes(&fa, k_check1));
   gated_stream();
   per_thread_stream_trim();
+  cross_stream_reuse();
   std::printf("gpu_gated: %s (%d failures)\n", g_fail ? "FAIL" : "PASS", g_fail);
   return g_fail ? 1 : 0;
 }

@@ -19,7 +19,7 @@ class Config(ctypes.Structure):
                 ("cache_max_block", ctypes.c_size_t), ("stream_cache_bytes", ctypes.c_size_t),
                 ("capture_check", ctypes.c_int), ("chunk_size", ctypes.c_size_t),
                 ("release_threshold", ctypes.c_size_t), ("trace_path", ctypes.c_char_p),
-                ("chunk_groups", ctypes.c_int)]
+                ("chunk_groups", ctypes.c_int), ("cross_stream_reuse", ctypes.c_int)]
 
 
 class Stats(ctypes.Structure):
