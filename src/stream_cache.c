@@ -8,7 +8,9 @@
  * allocations on S (the slot); the slot's overflow goes to S's park
  * (park.c), reusable at once by every thread's allocations on S; everyone
  * else gets them once S has passed the free (the park retires them behind
- * S in batches; thieves retire slots and park together).  A thread-local
+ * S in batches; thieves retire slots and park together), or, with
+ * cross_stream_reuse, a stream at a new peak that waits for S first
+ * (mp_streams_adopt: its runs only).  A thread-local
  * one-entry memo maps (handle, epoch) to the slot; magpool_stream_release
  * bumps the epoch, so no memo outlives a release.
  *
