@@ -3,6 +3,11 @@
  *   magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]
  *                  [--pool-mb M] [--exit-every N] [--churn]
  *                  [--destroy-rounds R] [--grow-from G] [--large-async]
+ *                  [--cross-reuse]
+ *
+ * --cross-reuse: the pool's cross_stream_reuse is set, so an async request
+ * at a new peak (with --grow-from) may take runs other streams fenced,
+ * after its stream waits for theirs (stream_cache.c, mp_streams_adopt).
  *
  * --large-async: every large request (1 to 4 MiB) of a thread with a
  * stream is allocated on its stream, none synchronously, so that with
@@ -261,6 +266,7 @@ static struct {
   uint64_t exit_every;
   bool churn;
   bool large_async; /* --large-async */
+  bool cross_reuse; /* --cross-reuse */
   unsigned destroy_rounds;
 } g_opt;
 
@@ -1125,6 +1131,7 @@ static void usage(FILE *f) {
           "usage: magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]\n"
           "                      [--pool-mb M] [--exit-every N] [--churn]\n"
           "                      [--destroy-rounds R] [--grow-from G] [--large-async]\n"
+          "                      [--cross-reuse]\n"
           "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n"
           "--churn (needs K > 0): K more streams, handed from worker to worker,\n"
           "released, destroyed and created anew while the workers run\n"
@@ -1132,7 +1139,9 @@ static void usage(FILE *f) {
           "the threads that used it exit, next to the workers\n"
           "--grow-from G (default 0: off): a pool of G MiB growing up to M MiB\n"
           "(chunks mapped by growth, in groups, and unmapped by moves)\n"
-          "--large-async: large requests (1 to 4 MiB) always on the stream\n",
+          "--large-async: large requests (1 to 4 MiB) always on the stream\n"
+          "--cross-reuse: cross_stream_reuse on (a stream at a new peak takes\n"
+          "runs other streams freed, after waiting for them)\n",
           DEFAULT_THREADS, DEFAULT_SECONDS, DEFAULT_SEED, DEFAULT_POOL_MB,
           DEFAULT_EXIT_EVERY);
 }
@@ -1169,6 +1178,9 @@ static void parse_args(int argc, char **argv) {
       continue; /* a flag: no value */
     } else if (strcmp(a, "--large-async") == 0) {
       g_opt.large_async = true;
+      continue;
+    } else if (strcmp(a, "--cross-reuse") == 0) {
+      g_opt.cross_reuse = true;
       continue;
     } else if (strcmp(a, "--threads") == 0) {
       ok = parse_u64(v, 1, 1024, &x);
@@ -1304,6 +1316,7 @@ static void setup(slot *ms) {
     cfg.max_pool_size = g_opt.pool_mb << 20;
     cfg.chunk_groups = 1; /* groups under the cap too: their races are the test */
   }
+  if (g_opt.cross_reuse) cfg.cross_stream_reuse = 1;
   int rc = magpool_create(&cfg, &g_pool);
   if (rc != 0) {
     fprintf(stderr, "magpool-stress: magpool_create(%zu MiB): %s\n", g_opt.pool_mb,

@@ -39,6 +39,9 @@
 #                 groups and moves) under TSan
 #   tsan-stress-keepup  magpool-stress --streams 1 --large-async (one stream
 #                 makes every run take: its run frees skip questions) under TSan
+#   tsan-stress-crossreuse  magpool-stress --cross-reuse --grow-from 16
+#                 --pool-mb 512 (streams at a new peak take runs others
+#                 fenced, after waiting for them) under TSan
 #   asan-build    build-asan/, ASan + UBSan, CUDA off, everything
 #   asan-ctest    every test (Criterion, stress, bench smoke) under
 #                 ASan + UBSan
@@ -282,6 +285,9 @@ if [[ $quick -eq 0 ]]; then
   # One stream that keeps up: runs fenced without asking, settled by a yes.
   step tsan-stress-keepup "magpool-stress, one stream making every run take, tsan" \
     stress_run tsan --threads 2 --seconds 10 --seed 3 --streams 1 --large-async --grow-from 16 --pool-mb 64
+  # cross_stream_reuse: adoption at new peaks (a few dozen in 15 s).
+  step tsan-stress-crossreuse "magpool-stress, cross_stream_reuse on, tsan" \
+    stress_run tsan --threads 4 --seconds 15 --seed 4 --streams 4 --large-async --grow-from 16 --pool-mb 512 --cross-reuse
   step asan-build "build everything with ASan + UBSan (CUDA off)" asan_build
   step asan-ctest "run every test under ASan + UBSan" run_ctest "$b-asan"
   step fuzz "build the libFuzzer harness with clang and fuzz for ${FUZZ_SECONDS:-60} s" fuzz_step
