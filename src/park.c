@@ -344,8 +344,8 @@ static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
  * up"): after each "no" the next 1, 2, 4 ... MP_PARK_IDLE_BACK run frees
  * do not ask; after a "yes" that follows a "yes", while s made the pool's
  * last MP_PARK_SOLO run takes (runs.taker, runs.takes), neither do the
- * next 1, 2, 4 ... MP_PARK_YES_BACK, and the next question settles their
- * runs (ask).  The counters (idle_skip; idle_back, with MP_PARK_YES) are
+ * next 1, 2, 4 ... MP_PARK_YES_BACK (MP_PARK_YES_BACK_SOLO once it made the
+ * last MP_PARK_SOLO_RUNS), and the next question settles their runs (ask).  The counters (idle_skip; idle_back, with MP_PARK_YES) are
  * relaxed hints outside the locks: a lost update asks once more or less,
  * and "not asked" only fences a run that could have gone unfenced. */
 static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
@@ -359,8 +359,8 @@ static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
   }
   int passed = ask(pool, e, s, yes_before);
   if (passed) {
-    back = !yes_before || !solo ? 0 : back == 0 ? 1 : back < MP_PARK_YES_BACK ? 2 * back
-                                                                             : MP_PARK_YES_BACK;
+    uint32_t most = mp_park_solo(pool, e, MP_PARK_SOLO_RUNS) ? MP_PARK_YES_BACK_SOLO : MP_PARK_YES_BACK;
+    back = !yes_before || !solo ? 0 : back == 0 ? 1 : back < most ? 2 * back : most;
     st = MP_PARK_YES | back;
   } else {
     back = yes_before || back == 0 ? 1 : back < MP_PARK_IDLE_BACK ? 2 * back : MP_PARK_IDLE_BACK;

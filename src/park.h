@@ -12,6 +12,10 @@
  * the stream's; idle_back's flag: the last answer was "passed". */
 #define MP_PARK_IDLE_BACK 64u
 #define MP_PARK_YES_BACK 8u
+/* MP_PARK_YES_BACK while the stream made the pool's last MP_PARK_SOLO_RUNS
+ * run takes (a training loop's stream: one query in 8 run frees cost it
+ * about 10 ns an event on an H200; docs/design.md). */
+#define MP_PARK_YES_BACK_SOLO 64u
 #define MP_PARK_SOLO 64u
 #define MP_PARK_YES 0x80000000u
 /* A stream whose run frees keep their fence batch open past the budget

@@ -627,11 +627,14 @@ static bool free_asks(magpool_t *pool, void *x, magpool_stream_t s) {
 }
 
 /* S idle (every question answers "passed") and the only stream taking
- * runs.  The first MP_PARK_SOLO - 1 frees ask; from the one after S's
- * MP_PARK_SOLO-th take, frees skip the question 1, 2, 4, then 8 times
- * between two that ask (MP_PARK_YES_BACK).  A skipped free fences its
- * run (cached, S's); the next that asks unfences it, with no batch. */
-Test(fence, a_stream_that_keeps_up_is_asked_less_and_less, .timeout = 60) {
+ * runs, for `n` run frees.  The first MP_PARK_SOLO - 1 frees ask; from
+ * the one after S's MP_PARK_SOLO-th take, frees skip the question 1, 2,
+ * 4, then 8 times between two that ask (MP_PARK_YES_BACK), and once S
+ * made MP_PARK_SOLO_RUNS takes, up to 64 (MP_PARK_YES_BACK_SOLO).  A
+ * skipped free fences its run (cached, S's); the next that asks
+ * unfences it, with no batch.  Returns the longest gap between two
+ * questions. */
+static unsigned keeps_up(unsigned n) {
   const size_t PS = 64 * MiB;
   /* A run budget (64 MiB) that eight fences of a 4 MiB run stay under. */
   magpool_t *pool = mpt_pool(
@@ -641,8 +644,8 @@ Test(fence, a_stream_that_keeps_up_is_asked_less_and_less, .timeout = 60) {
   uint64_t b0 = atomic_load(&pool->retire.batches);
   atomic_store(&asked, 0);
   mp_hook_set(ask_hook);
-  unsigned next = MP_PARK_SOLO - 1, skip = 0, skipped = 0;
-  for (unsigned i = 0; i < MP_PARK_SOLO + 60; i++) {
+  unsigned next = MP_PARK_SOLO - 1, skip = 0, skipped = 0, gap = 0, longest = 0;
+  for (unsigned i = 0; i < n; i++) {
     void *x = magpool_alloc_async(pool, BIG, S);
     cr_assert_not_null(x);
     bool a = free_asks(pool, x, S);
@@ -651,20 +654,37 @@ Test(fence, a_stream_that_keeps_up_is_asked_less_and_less, .timeout = 60) {
     cr_assert_eq(a, expect, "free %u: asked %d, expected %d", i, a, expect);
     if (a) {
       cr_assert_eq(st.cached_bytes + st.pending_bytes, 0, "free %u: a yes left a run fenced", i);
+      longest = gap > longest ? gap : longest;
+      gap = 0;
       if (i < MP_PARK_SOLO - 1) continue;
-      skip = skip == 0 ? 1 : skip < MP_PARK_YES_BACK ? 2 * skip : MP_PARK_YES_BACK;
+      /* S's takes so far: i + 1 */
+      unsigned most = i + 1 >= MP_PARK_SOLO_RUNS ? MP_PARK_YES_BACK_SOLO : MP_PARK_YES_BACK;
+      skip = skip == 0 ? 1 : skip < most ? 2 * skip : most;
       next = i + skip + 1;
     } else {
       cr_assert_eq(st.cached_bytes, BIG, "free %u: the run not asked about is not fenced", i);
       cr_assert(fenced(pool, rchunk(pool, x)));
       skipped++;
+      gap++;
     }
   }
   mp_hook_set(NULL);
-  cr_assert_geq(skipped, 40, "only %u of 60 frees skipped the question", skipped);
+  cr_assert_geq(skipped, (n - MP_PARK_SOLO) * 2 / 3, "only %u of %u frees skipped the question",
+                skipped, n - MP_PARK_SOLO);
   cr_assert_eq(atomic_load(&pool->retire.batches), b0, "an idle stream's frees made batches");
   cr_assert_eq(magpool_check(pool), 0);
   finish(pool, PS, &S, 1);
+  return longest;
+}
+
+Test(fence, a_stream_that_keeps_up_is_asked_less_and_less, .timeout = 60) {
+  cr_assert_eq(keeps_up(MP_PARK_SOLO + 60), MP_PARK_YES_BACK);
+}
+
+/* A training loop's stream, alone for MP_PARK_SOLO_RUNS takes: its
+ * questions come up to MP_PARK_YES_BACK_SOLO run frees apart. */
+Test(fence, a_stream_alone_for_long_is_asked_less_still, .timeout = 120) {
+  cr_assert_eq(keeps_up(MP_PARK_SOLO_RUNS + 300), MP_PARK_YES_BACK_SOLO);
 }
 
 /* S makes the pool's last MP_PARK_SOLO run takes, then n more runs of
