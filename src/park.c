@@ -339,15 +339,16 @@ static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle) {
 }
 
 /* Has s passed a run freed on it now?  1 yes, 0 no, -1 not asked (the
- * run is then fenced for s).  The `idle` op costs 0.5 us on a CUDA
- * stream, so s is asked now and then (docs/design.md, "streams that keep
- * up"): after each "no" the next 1, 2, 4 ... MP_PARK_IDLE_BACK run frees
- * do not ask; after a "yes" that follows a "yes", while s made the pool's
- * last MP_PARK_SOLO run takes (runs.taker, runs.takes), neither do the
- * next 1, 2, 4 ... MP_PARK_YES_BACK (MP_PARK_YES_BACK_SOLO once it made the
- * last MP_PARK_SOLO_RUNS), and the next question settles their runs (ask).  The counters (idle_skip; idle_back, with MP_PARK_YES) are
- * relaxed hints outside the locks: a lost update asks once more or less,
- * and "not asked" only fences a run that could have gone unfenced. */
+ * run is then fenced for s).  s is asked now and then, as `idle` costs
+ * 0.5 us on a CUDA stream (docs/design.md, "streams that keep up"): after
+ * each "no" the next 1, 2, 4 ... MP_PARK_IDLE_BACK run frees do not ask;
+ * after a "yes" that follows a "yes", while s made the pool's last
+ * MP_PARK_SOLO run takes (runs.taker, runs.takes), neither do the next 1,
+ * 2, 4 ... MP_PARK_YES_BACK (_SOLO after MP_PARK_SOLO_RUNS), and the next
+ * question settles their runs (ask).  The counters (idle_skip; idle_back,
+ * with MP_PARK_YES) are relaxed hints outside the locks: a lost update
+ * asks once more or less, and "not asked" only fences a run that could
+ * have gone unfenced. */
 static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
   mp_park *k = &e->park;
   uint32_t skip = mp_load_relaxed(&k->idle_skip);
@@ -358,15 +359,12 @@ static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
     return -1;
   }
   int passed = ask(pool, e, s, yes_before);
-  if (passed) {
-    uint32_t most = mp_park_solo(pool, e, MP_PARK_SOLO_RUNS) ? MP_PARK_YES_BACK_SOLO : MP_PARK_YES_BACK;
-    back = !yes_before || !solo ? 0 : back == 0 ? 1 : back < most ? 2 * back : most;
-    st = MP_PARK_YES | back;
-  } else {
-    back = yes_before || back == 0 ? 1 : back < MP_PARK_IDLE_BACK ? 2 * back : MP_PARK_IDLE_BACK;
-    st = back;
-  }
-  mp_store_relaxed(&k->idle_back, st);
+  uint32_t most = !passed ? MP_PARK_IDLE_BACK
+                  : mp_park_solo(pool, e, MP_PARK_SOLO_RUNS) ? MP_PARK_YES_BACK_SOLO
+                                                             : MP_PARK_YES_BACK;
+  if (passed ? !yes_before || !solo : yes_before) back = passed ? 0 : 1; /* a streak begins */
+  else back = back == 0 ? 1 : back < most ? 2 * back : most;
+  mp_store_relaxed(&k->idle_back, passed ? MP_PARK_YES | back : back);
   mp_store_relaxed(&k->idle_skip, back);
   return passed;
 }

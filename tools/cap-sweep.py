@@ -72,7 +72,8 @@ class Sweep:
             if ln["result"] != "completed":
                 return False, "pass %s %s" % (ln["pass"], ln["result"])
             if int(ln["peak_reserved"]) > cap:
-                return False, "pass %s peak_reserved %s over the cap" % (ln["pass"], ln["peak_reserved"])
+                return False, "pass %s peak_reserved %s over the cap" % (
+                    ln["pass"], ln["peak_reserved"])
         return True, ""
 
     def run(self, pool):
@@ -130,6 +131,9 @@ def main():
     if a.passes < 1 or a.step < 4096 or a.above < 0 or a.below < 0 or a.jobs < 1:
         ap.print_usage(sys.stderr)
         sys.exit(2)
+    if not os.access(a.replay, os.X_OK):
+        print("cap-sweep.py: %s is not an executable magpool-replay" % a.replay, file=sys.stderr)
+        sys.exit(2)
     modes = ["sync", "async"] if a.mode == "both" else [a.mode]
     rc = 0
     with ThreadPoolExecutor(a.jobs) as pool:
@@ -138,12 +142,14 @@ def main():
                 s = Sweep(a, t, m)
                 r = s.run(pool)
                 if r is None:
-                    print("CAPFAIL trace=%s mode=%s cap=0 why=the uncapped replay failed" % (s.name, m))
+                    print("CAPFAIL trace=%s mode=%s cap=0 why=the uncapped replay failed"
+                          % (s.name, m))
                     rc = 1
                     continue
                 ratio = "%.4f" % (r["min"] / r["live"]) if r["min"] else "none"
-                print("CAPSWEEP trace=%s mode=%s peak_live=%d min_cap=%d min_ratio=%s checked=%d failed=%d"
-                      % (s.name, m, r["live"], r["min"] or 0, ratio, r["checked"], len(r["fails"])))
+                print("CAPSWEEP trace=%s mode=%s peak_live=%d min_cap=%d min_ratio=%s checked=%d "
+                      "failed=%d" % (s.name, m, r["live"], r["min"] or 0, ratio, r["checked"],
+                                     len(r["fails"])))
                 for cap, why in r["fails"]:
                     print("CAPFAIL trace=%s mode=%s cap=%d why=%s" % (s.name, m, cap, why))
                     rc = 1
