@@ -4,11 +4,11 @@
 // MAGPOOL_WITH_CUDA is on; the C interface is in replay.h.
 //
 // One mapped pinned word, `opened`, written by the host and polled by the
-// kernels.  replay_gates_mark(g, st, n, mark) queues a one-thread kernel
-// on each stream that spins until opened >= mark or MP_GATE_HOLD_NS have
-// passed since it started (the globaltimer), then sets opened to mark - 1:
-// the stream stops at the newest mark until the next one is queued, lag to
-// 2 * lag events behind.  The bound in time is that of the host streams'
+// kernels.  replay_gates_mark(g, st, n, mark) queues on each stream a
+// one-thread kernel that spins until opened >= mark or MP_GATE_HOLD_NS
+// have passed since it started (the globaltimer); the host then sets
+// opened to mark - 1: the stream stops at the newest mark until the next
+// one is queued, lag to 2 * lag events behind.  The bound in time is that of the host streams'
 // marks (replay_magpool.c): a call that waits for a stream (cudaFree,
 // magpool's out-of-memory path) ends, as it would on a GPU that finishes
 // its work by itself.

@@ -33,7 +33,7 @@ static void faulty_done(magpool_t *pool, magpool_stream_t s) {
 }
 
 /* Frees n blocks on s (stream caches off: each free is retired at once),
- * then lets s run its callbacks, so that the counts checked are still
+ * then lets s run its callbacks, so that the counts checked stand still
  * (a callback that ends between the stats read and mem_info's would
  * move bytes from pending to free in between: seen under ASan). */
 static void free_on(magpool_t *pool, magpool_stream_t s, int n) {
