@@ -30,10 +30,11 @@ static const char usage_text[] =
     "           [--allocator magpool|cudaMallocAsync|cudaMalloc|cub|all]\n"
     "           [--pool-size B] [--cap B] [--passes N] [--csv FILE] [--stats]\n"
     "                     [--evict B]\n"
-    "           [--lag N]\n"
+    "           [--lag N] [--threads [--window N]]\n"
     "\n"
     "Replays each TRACE (text or gzip: `a ID SIZE STREAM` / `f ID STREAM` lines)\n"
-    "from one thread, in trace order, and prints for every pass\n"
+    "from one thread, in trace order (or a thread per stream: --threads), and\n"
+    "prints for every pass\n"
     "  REPLAY trace=NAME allocator=A mode=M pass=P peak_live=B peak_reserved=B\n"
     "         ratio=R ns_per_event=N result=completed|oom@EVENT\n"
     "then a SUMMARY line per trace x allocator x mode.  Pass 1 is cold (a fresh\n"
@@ -72,6 +73,18 @@ static const char usage_text[] =
     "                 out of the caches), and time each call alone: a pass's\n"
     "                 ns_per_event is then its calls' time.  2M empties a core's\n"
     "                 own caches on most machines; 64M the shared one too\n"
+    "  --threads      a thread per trace stream issues that stream's events\n"
+    "                 (allocations on it, frees on it), in trace order, as a\n"
+    "                 server's threads do; a free waits for its allocation.\n"
+    "                 magpool and cudaMallocAsync (cudaMalloc and cub rows\n"
+    "                 say skipped); not with --lag, --csv or --evict.  The\n"
+    "                 threads are kept from pass to pass.  ns_per_event is the\n"
+    "                 pass's wall time over its events (waits and hand-offs\n"
+    "                 between threads included), and peak_live the peak in the\n"
+    "                 order the events happened\n"
+    "  --window N     --threads: an event starts only once every event more\n"
+    "                 than N before it in the trace is done (default 256; 0:\n"
+    "                 the trace's own order, one event at a time)\n"
     "  -h, --help     this text\n"
     "B takes a suffix K, M or G (powers of 1024), or is plain bytes.\n";
 
@@ -132,8 +145,9 @@ static const runner_fn runners[REPLAY_NALLOCS] = {replay_run_magpool,
                                                   replay_run_cuda_malloc, replay_run_cub};
 
 int main(int argc, char **argv) {
-  replay_opts o = {.kind = REPLAY_HOST, .pool_size = 64u << 20, .cap = 0, .passes = 2};
-  int kind_given = 0, all = 0;
+  replay_opts o = {
+      .kind = REPLAY_HOST, .pool_size = 64u << 20, .cap = 0, .passes = 2, .window = 256};
+  int kind_given = 0, all = 0, window_given = 0;
   enum replay_mode mode = REPLAY_SYNC;
   enum replay_alloc alloc = REPLAY_MAGPOOL;
   const char *csv_path = NULL;
@@ -144,7 +158,8 @@ int main(int argc, char **argv) {
       {"cap", required_argument, NULL, 'c'},       {"passes", required_argument, NULL, 'p'},
       {"csv", required_argument, NULL, 'o'},       {"help", no_argument, NULL, 'h'},
       {"stats", no_argument, NULL, 'S'},         {"lag", required_argument, NULL, 'L'},
-      {"evict", required_argument, NULL, 'E'},   {NULL, 0, NULL, 0}};
+      {"evict", required_argument, NULL, 'E'},   {"threads", no_argument, NULL, 'T'},
+      {"window", required_argument, NULL, 'W'},  {NULL, 0, NULL, 0}};
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -188,6 +203,14 @@ int main(int argc, char **argv) {
         if (parse_bytes(optarg, &o.evict) != 0 || o.evict > ((size_t)1 << 34))
           usage_error("--evict: `%s` is not a size up to 16G", optarg);
         break;
+      case 'T': o.threads = 1; break;
+      case 'W':
+        window_given = 1;
+        o.window = strcmp(optarg, "0") == 0
+                       ? 0
+                       : (size_t)parse_count(optarg, 1000000000,
+                                             "--window: `%s` is not a number from 0 to 1000000000");
+        break;
       case 'h': fputs(usage_text, stdout); return 0;
       default:
         usage_error("bad option `%s`", argv[optind - 1 > 0 ? optind - 1 : 0]);
@@ -198,6 +221,9 @@ int main(int argc, char **argv) {
     usage_error("%s", "--cap is below --pool-size");
   if (!kind_given) o.kind = replay_cuda_present() ? REPLAY_DEVICE : REPLAY_HOST;
   if (o.lag != 0 && mode != REPLAY_ASYNC) usage_error("%s", "--lag needs --mode async");
+  if (window_given && !o.threads) usage_error("%s", "--window needs --threads");
+  if (o.threads && (o.lag != 0 || csv_path != NULL || o.evict != 0))
+    usage_error("%s", "--threads does not go with --lag, --csv or --evict");
   if (o.kind != REPLAY_HOST) (void)replay_cuda_present(); /* device 0, its context */
 
   if (o.evict != 0 && (o.evict_buf = calloc(1, o.evict)) == NULL) {

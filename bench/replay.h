@@ -14,13 +14,17 @@
  *   replay_cub.cu     cub::CachingDeviceAllocator behind a C interface
  *                     (only with CUDA)
  *   replay_gate.cu    --lag on CUDA streams: gate kernels (only with CUDA)
+ *   replay_threads.c  --threads: a pass replayed by one thread per trace
+ *                     stream (the runners of magpool and cudaMallocAsync
+ *                     call it)
  *
  * A loaded trace is two arrays: one 8-byte event per line, and one size per
  * allocation.  Every allocation event gets its own slot (its ordinal among
  * the allocations); a free names the slot of the allocation it frees, so
  * the replay needs no lookup: ptrs[slot] holds the live pointer.
  *
- * Replay is single-threaded: one thread issues every event in trace order.
+ * Replay is single-threaded, one thread issuing every event in trace order,
+ * unless --threads asks for a thread per stream (replay_threads.c).
  */
 #ifndef MAGPOOL_REPLAY_H
 #define MAGPOOL_REPLAY_H
@@ -84,6 +88,8 @@ typedef struct replay_opts {
   size_t evict;          /* --evict: bytes touched before each event (0:
                             none); each call is then timed alone          */
   volatile unsigned char *evict_buf;
+  int threads;           /* --threads: a thread per trace stream          */
+  size_t window;         /* --window: events a thread may run ahead       */
 } replay_opts;
 
 /* The outcome of one pass. */
@@ -117,6 +123,34 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
                            replay_result *res);
 int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
                    replay_result *res);
+
+/* --threads (replay_threads.c).  A runner passes the allocator's calls:
+ *   alloc  allocates `size` bytes for an event of trace stream `stream`:
+ *          REPLAY_COMPLETED and *out, or the pass's status (REPLAY_OOM,
+ *          REPLAY_ERROR), found on the calling thread;
+ *   free   frees p (NULL if its allocation returned NULL) for an event of
+ *          `stream`: 0, or nonzero on an error.
+ * Both are called from the stream's worker thread, concurrently with the
+ * other streams' workers.
+ *   replay_threads_new   starts a worker per stream that has events (NULL
+ *                        after printing why); kept for every pass, so
+ *                        the later passes find the threads' caches warm
+ *   replay_threads_pass  one pass: fills status, fail_event, events, ns
+ *                        and peak_live of r (not peak_reserved)
+ *   replay_threads_take  after a pass, the pointer still live in `slot`
+ *                        (NULL if none), which the runner frees
+ *   replay_threads_free  joins the workers and frees everything */
+typedef struct replay_tops {
+  enum replay_status (*alloc)(void *ctx, uint64_t size, uint32_t stream, void **out);
+  int (*free)(void *ctx, void *p, uint32_t stream);
+  void *ctx;
+} replay_tops;
+typedef struct replay_threads replay_threads;
+replay_threads *replay_threads_new(const replay_trace *t, const replay_opts *o,
+                                   const replay_tops *ops);
+void replay_threads_pass(replay_threads *x, replay_result *r);
+void *replay_threads_take(replay_threads *x, size_t slot);
+void replay_threads_free(replay_threads *x);
 
 /* 1 if a CUDA device is usable (and makes its primary context), else 0.
  * Always 0 in a build without CUDA. */

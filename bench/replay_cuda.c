@@ -28,6 +28,10 @@
  * With --lag, the async passes of both stream-ordered peers hold their
  * streams behind the replay with the gate kernels of replay_gate.cu, as
  * magpool's runner does: the same marks at the same events.
+ *
+ * --threads (replay_threads.c): cudaMallocAsync only, its calls from a
+ * thread per trace stream; cudaMalloc and cub rows say skipped (their
+ * footprints are read inside the replay loop, by one thread).
  */
 #include <stdbool.h>
 #include <stdlib.h>
@@ -136,6 +140,19 @@ static void peer_streams_free(const replay_trace *t, cudaStream_t *st) {
 /* cudaMallocAsync                                                    */
 /* ------------------------------------------------------------------ */
 
+/* --threads: the calls, from the stream's worker (legacy streams, NULL,
+ * in sync mode). */
+static enum replay_status cma_t_alloc(void *ctx, uint64_t size, uint32_t stream, void **out) {
+  cudaError_t e = cudaMallocAsync(out, size, ((cudaStream_t *)ctx)[stream]);
+  if (e == cudaSuccess) return REPLAY_COMPLETED;
+  *out = NULL;
+  return cuda_fail_status(e);
+}
+
+static int cma_t_free(void *ctx, void *p, uint32_t stream) {
+  return cudaFreeAsync(p, ((cudaStream_t *)ctx)[stream]) != cudaSuccess;
+}
+
 int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
                                  enum replay_mode mode, replay_result *res) {
   const char *why = peer_unavailable(o);
@@ -155,11 +172,16 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
   void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
   cudaStream_t *st = peer_streams(t, mode);
   replay_gates *gt = NULL;
+  replay_threads *wk = NULL;
   int ret = -1;
   if (ptrs == NULL || st == NULL || (o->lag != 0 && (gt = replay_gates_new()) == NULL)) goto out;
   if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
       check("cudaMemPoolTrimTo", cudaMemPoolTrimTo(mp, 0)))
     goto out;
+  if (o->threads) {
+    replay_tops ops = {cma_t_alloc, cma_t_free, st};
+    if ((wk = replay_threads_new(t, o, &ops)) == NULL) goto out;
+  }
 
   for (int p = 0; p < o->passes; p++) {
     replay_result *r = &res[p];
@@ -173,6 +195,7 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
     if (gt != NULL) replay_gates_set(gt, 0);
     replay_clock clk;
     replay_clock_start(&clk);
+    if (wk != NULL) n = 0; /* the workers replay it */
     for (i = 0; i < n; i++) {
       const replay_event ev = t->ev[i];
       const uint64_t sz = t->size[ev.slot];
@@ -210,6 +233,10 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
     r->events = i < n ? i + 1 : n;
     r->fail_event = i;
     r->peak_live = peak;
+    if (wk != NULL) {
+      replay_threads_pass(wk, r);
+      for (size_t k = 0; k < t->nslots; k++) ptrs[k] = replay_threads_take(wk, k);
+    }
     note_error(t, "cudaMallocAsync", r, e);
     uint64_t high = 0;
     cudaMemPoolGetAttribute(mp, cudaMemPoolAttrReservedMemHigh, &high);
@@ -224,6 +251,7 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
   }
   ret = 0;
 out:
+  replay_threads_free(wk);
   if (gt != NULL) replay_gates_set(gt, UINT64_MAX);
   peer_streams_free(t, st);
   replay_gates_free(gt);
@@ -239,7 +267,9 @@ out:
 
 int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
                            replay_result *res) {
-  const char *why = mode == REPLAY_ASYNC ? "sync mode only" : peer_unavailable(o);
+  const char *why = mode == REPLAY_ASYNC ? "sync mode only"
+                    : o->threads        ? "not with --threads"
+                                        : peer_unavailable(o);
   if (why != NULL) {
     fprintf(stderr, "magpool-replay: cudaMalloc skipped: %s\n", why);
     replay_fill(res, o->passes, REPLAY_SKIPPED);
@@ -313,7 +343,7 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
 
 int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
                    replay_result *res) {
-  const char *why = peer_unavailable(o);
+  const char *why = o->threads ? "not with --threads" : peer_unavailable(o);
   if (why != NULL) {
     fprintf(stderr, "magpool-replay: cub skipped: %s\n", why);
     replay_fill(res, o->passes, REPLAY_SKIPPED);

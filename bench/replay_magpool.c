@@ -15,6 +15,9 @@
  *        magpool_free_async on the free's own stream; with --lag, the
  *        streams are held behind the replay (below; CUDA streams by gate
  *        kernels, replay_gate.cu).
+ * --threads: the same calls from a thread per trace stream
+ *        (replay_threads.c), started after the pool is created and joined
+ *        before it is destroyed.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -164,6 +167,26 @@ mp_pass(const replay_trace *t, magpool_t *pool, magpool_stream_t *st, void **ptr
   r->peak_live = peak;
 }
 
+/* --threads: the calls, from the stream's worker. */
+typedef struct mp_tctx {
+  magpool_t *pool;
+  magpool_stream_t *st; /* NULL: sync */
+} mp_tctx;
+
+static enum replay_status mp_t_alloc(void *ctx, uint64_t size, uint32_t stream, void **out) {
+  const mp_tctx *c = ctx;
+  void *p = c->st != NULL ? magpool_alloc_async(c->pool, size, c->st[stream])
+                          : magpool_alloc(c->pool, size);
+  *out = p;
+  if (LIKELY(p != NULL)) return REPLAY_COMPLETED;
+  return magpool_last_error() == MAGPOOL_ENOMEM ? REPLAY_OOM : REPLAY_ERROR;
+}
+
+static int mp_t_free(void *ctx, void *p, uint32_t stream) {
+  const mp_tctx *c = ctx;
+  return c->st != NULL ? magpool_free_async(c->pool, p, c->st[stream]) : magpool_free(c->pool, p);
+}
+
 static int streams_sync(magpool_stream_t *st, uint32_t n, int cuda) {
   if (cuda) return replay_cuda_streams_sync((void **)st, n);
   int bad = 0;
@@ -203,6 +226,8 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
   const int cuda = o->kind != REPLAY_HOST;
   magpool_t *pool = NULL;
   magpool_stream_t *st = NULL;
+  replay_threads *thr = NULL;
+  mp_tctx tctx;
   void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
   int ret = -1;
   if (ptrs == NULL) {
@@ -244,6 +269,11 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
     pool = NULL;
     goto out;
   }
+  if (o->threads) {
+    tctx = (mp_tctx){pool, async ? st : NULL};
+    replay_tops ops = {mp_t_alloc, mp_t_free, &tctx};
+    if ((thr = replay_threads_new(t, o, &ops)) == NULL) goto out;
+  }
 
   for (int p = 0; p < o->passes; p++) {
     replay_result *r = &res[p];
@@ -251,7 +281,9 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
     magpool_reset_peaks(pool);
     magpool_stats_t s0;
     if (magpool_get_stats(pool, &s0) != 0) memset(&s0, 0, sizeof s0);
-    if (o->csv != NULL) /* timing aside: every event reads the footprint */
+    if (thr != NULL)
+      replay_threads_pass(thr, r);
+    else if (o->csv != NULL) /* timing aside: every event reads the footprint */
       mp_pass(t, pool, st, ptrs, async, o->csv, p + 1, r, lc, o, o->evict != 0);
     else if (o->evict != 0 && async)
       mp_pass(t, pool, st, ptrs, 1, NULL, p + 1, r, lc, o, 1);
@@ -271,16 +303,18 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
       r->stream_batches = s.stream_batches - s0.stream_batches;
       r->pending_at_peak = s.pending_at_peak_bytes;
     }
-    if (r->status == REPLAY_ERROR)
+    if (r->status == REPLAY_ERROR) /* --threads: the error was the worker's */
       fprintf(stderr, "magpool-replay: %s: magpool, event %zu: %s\n", t->name, r->fail_event,
-              magpool_strerror(replay_is_free(t->ev[r->fail_event]) ? MAGPOOL_EINVAL
-                                                                     : magpool_last_error()));
+              thr != NULL ? "failed"
+              : magpool_strerror(replay_is_free(t->ev[r->fail_event]) ? MAGPOOL_EINVAL
+                                                                       : magpool_last_error()));
     /* Between passes (not timed): let the streams pass their frees, then
      * free what is still live.  No trim: the pool stays warm. */
     if (async && streams_sync(st, t->nstreams, cuda) != 0) {
       fprintf(stderr, "magpool-replay: synchronising the streams failed\n");
       goto out;
     }
+    for (size_t k = 0; thr != NULL && k < t->nslots; k++) ptrs[k] = replay_threads_take(thr, k);
     for (size_t k = 0; k < t->nslots; k++)
       if (ptrs[k] != NULL) {
         if (magpool_free(pool, ptrs[k]) != 0)
@@ -291,6 +325,7 @@ int replay_run_magpool(const replay_trace *t, const replay_opts *o, enum replay_
   }
   ret = 0;
 out:
+  replay_threads_free(thr); /* the workers' caches go back before the destroy */
   streams_destroy(pool, st, async ? t->nstreams : 0, cuda); /* the marks ran */
   for (uint32_t k = 0; lg != NULL && k < t->nstreams; k++) {
     pthread_mutex_destroy(&lg[k].mu);

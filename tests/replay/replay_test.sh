@@ -4,6 +4,7 @@
 #   replay_test.sh smoke     REPLAY_BIN TRACE_DIR
 #   replay_test.sh footprint REPLAY_BIN TRACE_DIR
 #   replay_test.sh cap       REPLAY_BIN TRACE_DIR
+#   replay_test.sh threads   REPLAY_BIN TRACE_DIR
 #
 # smoke: tiny.trace (50 events, 2 streams, written by hand) on a HOST pool,
 #   sync and async, 2 passes: every REPLAY line matches the output
@@ -30,6 +31,18 @@
 #   --cap at what cudaMalloc reserved for it on the H200 + 2 %: every pass
 #   completes (a capped pool maps a chunk each, so that every empty chunk
 #   can move: docs/design.md).
+# threads: --threads (a thread per trace stream) on a HOST pool, sync and
+#   async, 2 passes: with --window 0 (the trace's order, one event at a
+#   time) every pass of tiny.trace completes with peak_live = 537813, and
+#   every pass of multistream_serve (5 streams, frees waiting for their
+#   allocations on other threads) completes with the single-threaded
+#   replay's peak_live and a ratio within 1.05 (its single-threaded bound
+#   is asserted by `footprint`; threads change the caches' traffic); with
+#   the default window every pass of tiny.trace completes; a cap below its
+#   peak ends each pass with oom@K at or before event 12; --window without
+#   --threads, and --threads with --lag or --csv, exit 2; on a GPU, magpool
+#   and cudaMallocAsync complete tiny.trace asynchronously with threads
+#   (cudaMalloc and cub rows say skipped).
 # Nothing here asserts a timing.
 set -u
 mode=$1 bin=$2 dir=$3
@@ -168,8 +181,55 @@ cap)
     done | grep FAIL && fail "gpt2_generate under the cap, $m"
   done
   ;;
+threads)
+  for m in sync async; do
+    run "$dir/tiny.trace" --kind host --mode "$m" --threads --window 0 --passes 2
+    check_lines 2
+    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+      [ "$(field result "$line")" = completed ] && [ "$(field peak_live "$line")" = 537813 ] &&
+        [ "$(field peak_reserved "$line")" -ge 537813 ] || echo "FAIL: --window 0: $line"
+    done | grep FAIL && fail "tiny, --threads --window 0, $m"
+    run "$dir/multistream_serve.trace.gz" --kind host --mode "$m" --threads --window 0 --passes 2
+    check_lines 2
+    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+      [ "$(field result "$line")" = completed ] &&
+        [ "$(field peak_live "$line")" = 2545957295 ] &&
+        awk -v r="$(field ratio "$line")" 'BEGIN { exit !(r <= 1.05) }' ||
+        echo "FAIL: multistream_serve, --threads: $line"
+    done | grep FAIL && fail "multistream_serve, --threads --window 0, $m"
+    run "$dir/tiny.trace" --kind host --mode "$m" --threads --passes 2
+    check_lines 2
+    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+      [ "$(field result "$line")" = completed ] && [ "$(field peak_live "$line")" -gt 0 ] ||
+        echo "FAIL: --threads: $line"
+    done | grep FAIL && fail "tiny, --threads, $m"
+    run "$dir/tiny.trace" --kind host --mode "$m" --threads --pool-size 64K --cap 256K
+    check_lines 2
+    for k in $(printf '%s\n' "$out" | sed -n 's/^REPLAY .* result=oom@\([0-9]*\)$/\1/p'); do
+      [ "$k" -le 12 ] || fail "--threads: oom at event $k, after event 12"
+    done
+    [ "$(printf '%s\n' "$out" | grep -c '^REPLAY .* result=oom@')" -eq 2 ] ||
+      fail "--threads, cap: no oom in a pass"
+  done
+  for bad in "--window 5" "--threads --window x" "--threads --mode async --lag 5" \
+    "--threads --csv /dev/null" "--threads --evict 64K"; do
+    # shellcheck disable=SC2086
+    "$bin" "$dir/tiny.trace" --kind host $bad > /dev/null 2>&1
+    [ $? -eq 2 ] || fail "$bad does not exit 2"
+  done
+  if "$bin" "$dir/tiny.trace" --kind device --allocator cudaMallocAsync --passes 1 2> /dev/null |
+    grep -q '^REPLAY .* result=completed$'; then
+    run "$dir/tiny.trace" --kind device --mode async --allocator all --threads
+    [ "$(printf '%s\n' "$out" | grep -E "$re" | grep -Ec 'allocator=(magpool|cudaMallocAsync) .* result=completed$')" -eq 4 ] ||
+      fail "--threads on CUDA streams: not 4 completed passes"
+    [ "$(printf '%s\n' "$out" | grep -Ec '^REPLAY .*allocator=(cub|cudaMalloc) .* result=skipped$')" -eq 4 ] ||
+      fail "--threads: cub and cudaMalloc rows not skipped"
+  else
+    echo "--threads on CUDA streams: no GPU, skipped"
+  fi
+  ;;
 *)
-  echo "usage: $0 smoke|footprint|cap REPLAY_BIN TRACE_DIR" >&2
+  echo "usage: $0 smoke|footprint|cap|threads REPLAY_BIN TRACE_DIR" >&2
   exit 2
   ;;
 esac
