@@ -21,12 +21,12 @@
  * Measurements: ns is from the start signal to the last worker's end (the
  * events, the waits and the hand-offs: a replay with threads, not the
  * calls alone).  peak_live is the peak of the bytes the program holds, in
- * the order the events happened: an allocation counts from the moment it
- * is asked for (the tick before the call), a free from the moment it
- * returned (the tick after), so that calls in flight on several threads
- * count as the allocator sees them; each worker's ticks are merged after
- * the pass.  Within W events of the trace's order, it may differ from the
- * single-threaded replay's.
+ * the order the events happened: a block is the program's from its
+ * allocation's return (the tick after the call) to its free's call (the
+ * tick before), the least any allocator must hold for it, so that no
+ * allocator's ratio can fall below 1 however long its calls take; each
+ * worker's ticks are merged after the pass.  Within W events of the
+ * trace's order, it may differ from the single-threaded replay's.
  *
  * Concurrency: `gen` and `quit` under `mu` (the pass hand-out; the last
  * worker to finish wakes the main thread through `done_cv`); `ready`,
@@ -128,13 +128,13 @@ static void run_pass(worker *me) {
     const replay_event e = t->ev[i];
     if (!replay_is_free(e)) {
       void *p = NULL;
-      me->tick[j] = replay_tick(); /* asked for from here on */
       enum replay_status st = x->ops.alloc(x->ops.ctx, t->size[e.slot], me->stream, &p);
       if (st != REPLAY_COMPLETED) {
         fail(x, i, st);
         me->failed = 1;
         break;
       }
+      me->tick[j] = replay_tick(); /* the program's from here on */
       /* RELEASE: the allocation happens before the free that reads it
        * (ACQUIRE below), on whichever worker.  A NULL from a successful
        * call (a peer's zero-byte allocation) is kept as the sentinel. */
@@ -147,12 +147,12 @@ static void run_pass(worker *me) {
         relax(&spins);
       }
       atomic_store_explicit(&x->slot[e.slot], NULL, memory_order_relaxed);
+      me->tick[j] = replay_tick(); /* given back from here on */
       if (x->ops.free(x->ops.ctx, p != nul(x) ? p : NULL, me->stream) != 0) {
         fail(x, i, REPLAY_ERROR);
         me->failed = 1;
         break;
       }
-      me->tick[j] = replay_tick(); /* given back from here on */
     }
     atomic_store_explicit(&me->next, j + 1 < me->n ? me->idx[j + 1] : SIZE_MAX,
                           memory_order_relaxed);
