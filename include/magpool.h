@@ -125,7 +125,14 @@ typedef struct magpool_config {
                                 this pool; default 8 MiB, and never more
                                 than pool_size / 8 (larger values are
                                 lowered at creation); 0 disables the
-                                per-thread caches.  Another thread's
+                                per-thread caches.  While more than 4
+                                threads use the pool (those that called
+                                it and have not exited), each keeps at
+                                most max(4 x this, reserved bytes / 8)
+                                divided by their number (rounded down to
+                                a power of two), and at least this / 16:
+                                64 threads would otherwise cache 64 times
+                                this.  Another thread's
                                 allocation that does not fit takes what
                                 idle threads cache (see magpool_alloc);
                                 a trim does not                            */
@@ -135,7 +142,9 @@ typedef struct magpool_config {
                                 it freed on streams, for reuse on the
                                 stream each was freed on, before a batch
                                 is retired to the pool behind the stream;
-                                default 8 MiB, shared equally by the
+                                default 8 MiB (split among many threads
+                                as thread_cache_bytes is), shared
+                                equally by the
                                 streams the thread has used (a released
                                 stream's share goes back to the others
                                 when the thread next calls on another

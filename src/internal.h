@@ -397,10 +397,11 @@ void mp_streams_destroy(magpool_t *pool);
 
 /* -------------------------------------------------------------- magazine.c */
 
-/* Every function here that touches tc's magazines runs with the record
- * held: its owner inside mp_tcache_enter_owner/exit (thread.h), or a thief
- * after the revoke handshake (mp_tcaches_steal).  The depots are shared
- * (mp_stack_*_mpmc). */
+/* What touches tc's magazines runs with the record held: its owner (in
+ * mp_tcache_enter_owner/exit, thread.h), or a thief after the revoke
+ * handshake (mp_tcaches_steal).  Depots are shared (mp_stack_*_mpmc). */
+/* A thread's share of thread_cache_bytes or stream_cache_bytes; any thread. */
+size_t mp_cache_share(const magpool_t *pool, size_t budget);
 
 /* Thread-magazine miss for a cached order: swap in the previous magazine,
  * take a full one from the depot, or refill from the trees.  NULL if the
@@ -420,8 +421,7 @@ void mp_tcache_drop_mags(magpool_t *pool, mp_tcache *tc);
  * account, or NULL). */
 void mp_depot_drain(magpool_t *pool, mp_acct *a);
 
-/* ---------------------------------------------------------------- thread.c */
-/* (the inline memo, mp_tcache_get, is in thread.h) */
+/* ------------------------- thread.c (the inline memo, mp_tcache_get: thread.h) */
 
 /* Destroy: orphans live records, frees the others. */
 void mp_tcaches_destroy(magpool_t *pool);

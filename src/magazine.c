@@ -14,8 +14,10 @@
  *                                 their byte counts are relaxed RMW
  *
  * Hoarding bound: a thread's magazines for one pool never hold more than
- * thread_cache_bytes at the end of any call (checked before every cached
- * push and after every refill).  Each class's depot holds at most
+ * its share of thread_cache_bytes (mp_cache_share) at the end of any call
+ * (checked before every cached push and after every refill; the share is
+ * read again at each slow path, so a thread whose share fell gives back
+ * the excess at its next one).  Each class's depot holds at most
  * depot_limit bytes (min(2 x thread_cache_bytes, pool_size / 16)); the
  * out-of-memory ladder drains them.  A depot's byte count shares the cache
  * line of its head, which every depot operation touches anyway.
@@ -23,6 +25,24 @@
 #include "internal.h"
 
 #include <string.h>
+
+/* The caches of all threads together keep about max(MP_CACHE_SHARERS
+ * budgets, reserved / 8), split among the pool's live thread records (n
+ * rounded down to a power of two, a shift on the slow paths: at most
+ * twice that); each keeps its whole budget while that allows, and a
+ * sixteenth of it at least.  Without the split, a server of 64 threads held 64
+ * budgets: a fifth of what a small pool reserved (a thread per stream of
+ * a 64-stream trace: docs/design.md). */
+#define MP_CACHE_SHARERS 4u
+
+size_t mp_cache_share(const magpool_t *pool, size_t budget) {
+  uint64_t n = mp_load_relaxed(&pool->nthreads); /* hints, both */
+  if (n <= MP_CACHE_SHARERS) return budget;
+  size_t total = mp_load_relaxed(&pool->reserved) >> 3;
+  if (total < budget * MP_CACHE_SHARERS) total = budget * MP_CACHE_SHARERS;
+  size_t s = total >> mp_log2_floor(n); /* total / n, at most twice that */
+  return s >= budget ? budget : s > budget >> 4 ? s : budget >> 4;
+}
 
 static inline void cached_add(mp_tcache *tc, int64_t d) {
   mp_owner_add(&tc->st.cached, (uint64_t)d);
@@ -101,6 +121,7 @@ void mp_depot_drain(magpool_t *pool, mp_acct *a) {
 
 void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
   mp_tclass *c = &tc->cls[order];
+  tc->limit = mp_cache_share(pool, pool->cfg.thread_cache_bytes);
   size_t bs = mp_block_bytes(pool, order);
   mp_mag *m;
   if (c->prev != NULL && c->prev->count != 0) { /* swap in the previous */
@@ -173,6 +194,7 @@ void mp_cache_free_slow(magpool_t *pool, mp_tcache *tc, void *p, unsigned order)
   }
   mp_tclass *c = &tc->cls[order];
   size_t bs = mp_block_bytes(pool, order);
+  tc->limit = mp_cache_share(pool, pool->cfg.thread_cache_bytes);
   if (mp_load_relaxed(&tc->st.cached) + bs > tc->limit) {
     reclaim(pool, tc, bs);
     if (mp_load_relaxed(&tc->st.cached) + bs > tc->limit) {

@@ -129,13 +129,16 @@ static void slot_free_rcu(struct rcu_head *h) {
   free(sn);
 }
 
-/* The thread's slots share stream_cache_bytes: each keeps at most
- * s_limit bytes of its own frees (the free fast path and
+/* The thread's slots share its share of stream_cache_bytes
+ * (mp_cache_share: all of it unless many threads use the pool): each
+ * keeps at most s_limit bytes of its own frees (the free fast path and
  * mp_slot_push_owner), so a thread that frees on many streams holds no
- * more than one that frees on one.  Owner only. */
+ * more than one that frees on one.  Owner only; again at each push that
+ * needs a magazine, so that a share that fell is given back. */
 static void slots_changed(mp_tcache *tc, int d) {
   tc->s_nslots += d;
-  tc->s_limit = (int64_t)(tc->pool->cfg.stream_cache_bytes / (tc->s_nslots > 0 ? tc->s_nslots : 1));
+  tc->s_limit = (int64_t)(mp_cache_share(tc->pool, tc->pool->cfg.stream_cache_bytes) /
+                          (tc->s_nslots > 0 ? tc->s_nslots : 1));
 }
 
 /* The owner's slot in e, made on first use (then counted as a use of e).
@@ -286,6 +289,7 @@ bool mp_slot_push_owner(magpool_t *pool, mp_sslot *sl, magpool_stream_t s, void 
     m = NULL;
   }
   if (m == NULL) {
+    slots_changed(sl->owner, 0);
     /* A magazine no larger than the slot's share, so that the share
      * overflows a full magazine at a time, not the slot's whole cache. */
     uint32_t cap = pool->s_mag_cap[order];

@@ -52,6 +52,7 @@ static void thread_exit(void *arg) {
     int s = MP_TC_LIVE;
     if (mp_cas_strong_acq_rel(&tc->state, &s, MP_TC_EXITING)) {
       magpool_t *pool = tc->pool;
+      mp_fetch_add_relaxed(&pool->nthreads, (uint64_t)-1); /* a hint */
       MP_DBG_ENTER(pool);
       MP_HOOK(MP_HOOK_EXIT_FLUSH, tc);
       /* The slots' blocks go behind their streams; a slot whose stream
@@ -117,7 +118,6 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
       memset(tc, 0, sizeof *tc);
       tc->pool = pool;
       tc->uid = pool->uid;
-      tc->limit = pool->cfg.thread_cache_bytes;
       tc->s_limit = (int64_t)pool->cfg.stream_cache_bytes; /* no slot yet */
       tc->shift = (uint8_t)pool->min_shift;
       tc->r0_base = pool->regions[0]->base;
@@ -131,6 +131,9 @@ mp_tcache *mp_tcache_get_slow(magpool_t *pool) {
          * it through the list (ACQUIRE in sum_threads). */
       } while (!mp_cas_weak_release(&pool->tcaches, &h, tc));
     }
+    /* Counted LIVE (thread_exit uncounts it), then its share. */
+    mp_fetch_add_relaxed(&pool->nthreads, 1);
+    tc->limit = mp_cache_share(pool, pool->cfg.thread_cache_bytes);
     tc->epoch = mp_load_relaxed(&pool->trim_epoch);
     /* A reused record starts with no stream memo: cudaStreamPerThread, for
      * one, names another stream on this thread. */

@@ -476,7 +476,6 @@ struct magpool_s {
   _Atomic size_t peak_reserved; /* high-water mark of reserved         */
   _Atomic int64_t pending_at_peak; /* retire.pending_bytes at its rise */
   _Atomic uint64_t held_extra; /* acct.held of settled local accounts   */
-
   _Atomic(mp_tcache *) tcaches;/* push-only list of thread records      */
 
   mp_stack depot[MP_MAX_CLASSES]; /* full magazines                     */
@@ -484,6 +483,7 @@ struct magpool_s {
   mp_stack spare;              /* empty magazines of any class          */
   _Atomic(char *) *mag_tab;    /* slab table (mag.c): index -> slab     */
   _Atomic uint32_t mag_nslabs; /* slabs taken (may pass the table's size) */
+  _Atomic uint64_t nthreads;   /* LIVE records (a line rarely written)  */
 
   void *track;                 /* track.c state, NULL when off          */
 

@@ -456,7 +456,10 @@ Test(cache_api, exited_thread_then_trim) {
 /* ------------------------------------------------------------------ */
 
 #define IDLE_THREADS 8
-#define IDLE_POOL (256 * MiB)
+/* 1 GiB: with 9 threads live (8 + main) each keeps its whole
+ * thread_cache_bytes only while reserved / 8 covers them all (the share
+ * of many threads, mp_cache_share); a 256 MiB pool gives each 4 MiB. */
+#define IDLE_POOL (1024 * MiB)
 #define IDLE_TCB (8 * MiB)
 /* Fragmentation slack for the main thread's 1 MiB blocks, justified by
  * the fill below.  With thread_cache_bytes = 8 MiB the magazine capacities

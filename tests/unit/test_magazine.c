@@ -7,6 +7,7 @@
  *   refill    carving on a refill miss and the per-thread hoarding bound
  *   exit      a thread's cache goes back to the tree when it exits
  *   depot     full magazines past loaded + previous go to the depot
+ *   share     many live threads split the caches' budgets (mp_cache_share)
  *
  * Each Criterion test runs in its own process, so the thread-local memo
  * (mp_tls_last) starts empty in every test.
@@ -802,5 +803,108 @@ Test(depot, overflow_drain_and_trim) {
   cr_assert_eq(s.used_bytes, 0);
   cr_assert_eq(magpool_check(pool), 0);
   assert_one_block(pool);
+  cr_assert_eq(magpool_destroy(pool), 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* share                                                              */
+/* ------------------------------------------------------------------ */
+
+enum { SHARE_THREADS = 31 };
+
+typedef struct share_arg {
+  magpool_t *pool;
+  pthread_barrier_t *in, *out;
+  int failed;
+} share_arg;
+
+/* A thread that uses the pool once (its record is LIVE), then waits. */
+static void *share_worker(void *vp) {
+  share_arg *a = vp;
+  void *p = magpool_alloc(a->pool, 64);
+  if (p == NULL || magpool_free(a->pool, p) != 0) a->failed = 1;
+  pthread_barrier_wait(a->in);
+  pthread_barrier_wait(a->out);
+  return NULL;
+}
+
+/* Frees `n` blocks of 64 KiB allocated first, checking after each free
+ * that the thread caches at most `bound`; returns the most it cached. */
+static uint64_t share_round(magpool_t *pool, mp_tcache *tc, int n, uint64_t bound) {
+  void *p[128];
+  cr_assert_leq(n, 128);
+  for (int i = 0; i < n; i++) cr_assert_not_null(p[i] = magpool_alloc(pool, 64 * 1024));
+  uint64_t most = 0;
+  for (int i = 0; i < n; i++) {
+    cr_assert_eq(magpool_free(pool, p[i]), 0);
+    uint64_t c = cached_of(tc);
+    cr_assert_leq(c, bound, "free %d: the thread caches %llu bytes, its share is %llu", i,
+                  (unsigned long long)c, (unsigned long long)bound);
+    if (c > most) most = c;
+  }
+  return most;
+}
+
+Test(share, many_threads_split_the_budgets) {
+  /* thread_cache_bytes = stream_cache_bytes = 8 MiB, 64 MiB reserved:
+   * the caches of all threads keep max(4 x 8 MiB, 64 MiB / 8) = 32 MiB,
+   * so each of 32 live threads 32 MiB / 32 = 1 MiB of each budget. */
+  magpool_t *pool = mpt_pool(&(mpt_cfg){
+      .pool_size = 64 * MiB, .thread_cache = 8 * MiB, .stream_cache = 8 * MiB});
+  mp_tcache *tc = mp_tcache_get(pool);
+  cr_assert_not_null(tc);
+  cr_assert_eq(mp_load_relaxed(&pool->nthreads), 1);
+  uint64_t alone = share_round(pool, tc, 96, 8 * MiB);
+  cr_assert_gt(alone, 2 * MiB, "alone, the thread cached only %llu bytes",
+               (unsigned long long)alone);
+
+  pthread_barrier_t in, out;
+  pthread_barrier_init(&in, NULL, SHARE_THREADS + 1);
+  pthread_barrier_init(&out, NULL, SHARE_THREADS + 1);
+  share_arg a = {.pool = pool, .in = &in, .out = &out};
+  pthread_t th[SHARE_THREADS];
+  for (int i = 0; i < SHARE_THREADS; i++)
+    cr_assert_eq(pthread_create(&th[i], NULL, share_worker, &a), 0);
+  pthread_barrier_wait(&in);
+  cr_assert_eq(a.failed, 0);
+  cr_assert_eq(mp_load_relaxed(&pool->nthreads), SHARE_THREADS + 1);
+  cr_assert_eq(mp_cache_share(pool, 8 * MiB), 1 * MiB);
+  /* What the thread cached alone goes back at its next slow paths. */
+  uint64_t shared = share_round(pool, tc, 96, 8 * MiB);
+  cr_assert_eq(tc->limit, 1 * MiB);
+  shared = share_round(pool, tc, 96, 1 * MiB);
+  cr_assert_gt(shared, 0);
+  /* A stream slot made now gets its share of the stream budget. */
+  magpool_stream_t s = NULL;
+  cr_assert_eq(magpool_host_stream_create(&s), 0);
+  void *q = magpool_alloc_async(pool, 1024, s);
+  cr_assert_not_null(q);
+  cr_assert_eq(magpool_free_async(pool, q, s), 0);
+  cr_assert_eq(tc->s_limit, (int64_t)(1 * MiB));
+
+  pthread_barrier_wait(&out);
+  for (int i = 0; i < SHARE_THREADS; i++) cr_assert_eq(pthread_join(th[i], NULL), 0);
+  cr_assert_eq(mp_load_relaxed(&pool->nthreads), 1, "exited threads still counted");
+  cr_assert_eq(mp_cache_share(pool, 8 * MiB), 8 * MiB);
+  uint64_t again = share_round(pool, tc, 96, 8 * MiB);
+  cr_assert_gt(again, 2 * MiB, "alone again, the thread cached only %llu bytes",
+               (unsigned long long)again);
+  /* A second slot: the thread's whole stream budget, split in two. */
+  magpool_stream_t s2 = NULL;
+  cr_assert_eq(magpool_host_stream_create(&s2), 0);
+  q = magpool_alloc_async(pool, 1024, s2);
+  cr_assert_not_null(q);
+  cr_assert_eq(magpool_free_async(pool, q, s2), 0);
+  cr_assert_eq(tc->s_limit, (int64_t)(4 * MiB));
+
+  cr_assert_eq(magpool_host_stream_sync(s), 0);
+  cr_assert_eq(magpool_host_stream_sync(s2), 0);
+  cr_assert_eq(magpool_stream_release(pool, s), 0);
+  cr_assert_eq(magpool_stream_release(pool, s2), 0);
+  magpool_host_stream_destroy(s);
+  magpool_host_stream_destroy(s2);
+  pthread_barrier_destroy(&in);
+  pthread_barrier_destroy(&out);
+  cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_destroy(pool), 0);
 }
