@@ -30,16 +30,17 @@
  * budgets, reserved / 8), split among the pool's live thread records (n
  * rounded down to a power of two, a shift on the slow paths: at most
  * twice that); each keeps its whole budget while that allows, and a
- * sixteenth of it at least.  Without the split, a server of 64 threads held 64
- * budgets: a fifth of what a small pool reserved (a thread per stream of
- * a 64-stream trace: docs/design.md). */
+ * sixteenth of it at least.  Without the split, a server of 64 threads
+ * held 64 budgets: a fifth of what a small pool reserved (a thread per
+ * stream of a 64-stream trace: docs/design.md). */
 #define MP_CACHE_SHARERS 4u
 
 size_t mp_cache_share(const magpool_t *pool, size_t budget) {
   uint64_t n = mp_load_relaxed(&pool->nthreads); /* hints, both */
   if (n <= MP_CACHE_SHARERS) return budget;
   size_t total = mp_load_relaxed(&pool->reserved) >> 3;
-  if (total < budget * MP_CACHE_SHARERS) total = budget * MP_CACHE_SHARERS;
+  if (total / MP_CACHE_SHARERS < budget) /* stream_cache_bytes may be "max" */
+    total = budget <= SIZE_MAX / MP_CACHE_SHARERS ? budget * MP_CACHE_SHARERS : SIZE_MAX;
   size_t s = total >> mp_log2_floor(n); /* total / n, at most twice that */
   return s >= budget ? budget : s > budget >> 4 ? s : budget >> 4;
 }
