@@ -141,16 +141,19 @@ static void peer_streams_free(const replay_trace *t, cudaStream_t *st) {
 /* ------------------------------------------------------------------ */
 
 /* --threads: the calls, from the stream's worker (legacy streams, NULL,
- * in sync mode). */
+ * in sync mode); an error other than lack of memory is printed here, by
+ * the thread that has it. */
 static enum replay_status cma_t_alloc(void *ctx, uint64_t size, uint32_t stream, void **out) {
   cudaError_t e = cudaMallocAsync(out, size, ((cudaStream_t *)ctx)[stream]);
   if (e == cudaSuccess) return REPLAY_COMPLETED;
   *out = NULL;
-  return cuda_fail_status(e);
+  enum replay_status st = cuda_fail_status(e);
+  if (st == REPLAY_ERROR) check("cudaMallocAsync", e);
+  return st;
 }
 
 static int cma_t_free(void *ctx, void *p, uint32_t stream) {
-  return cudaFreeAsync(p, ((cudaStream_t *)ctx)[stream]) != cudaSuccess;
+  return check("cudaFreeAsync", cudaFreeAsync(p, ((cudaStream_t *)ctx)[stream]));
 }
 
 int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
@@ -236,8 +239,9 @@ int replay_run_cuda_malloc_async(const replay_trace *t, const replay_opts *o,
     if (wk != NULL) {
       replay_threads_pass(wk, r);
       for (size_t k = 0; k < t->nslots; k++) ptrs[k] = replay_threads_take(wk, k);
+    } else {
+      note_error(t, "cudaMallocAsync", r, e);
     }
-    note_error(t, "cudaMallocAsync", r, e);
     uint64_t high = 0;
     cudaMemPoolGetAttribute(mp, cudaMemPoolAttrReservedMemHigh, &high);
     r->peak_reserved = high;
