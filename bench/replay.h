@@ -15,8 +15,7 @@
  *                     (only with CUDA)
  *   replay_gate.cu    --lag on CUDA streams: gate kernels (only with CUDA)
  *   replay_threads.c  --threads: a pass replayed by one thread per trace
- *                     stream (the runners of magpool and cudaMallocAsync
- *                     call it)
+ *                     stream (every runner calls it)
  *
  * A loaded trace is two arrays: one 8-byte event per line, and one size per
  * allocation.  Every allocation event gets its own slot (its ordinal among

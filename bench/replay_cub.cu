@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cub/util_allocator.cuh>
+#include <mutex>
 #include <new>
 
 #include "replay_cub.h"
@@ -42,6 +43,12 @@ extern "C" void replay_cub_counters(replay_cub *c, const size_t **cached, const 
   auto &tb = c->alloc.cached_bytes[c->device];
   *cached = &tb.free;
   *live = &tb.live;
+}
+
+extern "C" size_t replay_cub_held(replay_cub *c) {
+  std::lock_guard<std::mutex> g(c->alloc.mutex);
+  const auto &tb = c->alloc.cached_bytes[c->device];
+  return tb.free + tb.live;
 }
 
 extern "C" int replay_cub_destroy(replay_cub *c) {

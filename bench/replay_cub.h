@@ -29,6 +29,9 @@ int replay_cub_free(replay_cub *c, void *ptr);
  * The pointers stay valid until replay_cub_destroy; reading them costs two
  * loads.  Their sum is what cub holds from the device. */
 void replay_cub_counters(replay_cub *c, const size_t **cached, const size_t **live);
+/* cached + live, read under cub's own lock: what the counters say while
+ * other threads call it (--threads). */
+size_t replay_cub_held(replay_cub *c);
 /* FreeAllCached, then deletes the allocator. */
 int replay_cub_destroy(replay_cub *c);
 

@@ -29,10 +29,17 @@
  * streams behind the replay with the gate kernels of replay_gate.cu, as
  * magpool's runner does: the same marks at the same events.
  *
- * --threads (replay_threads.c): cudaMallocAsync only, its calls from a
- * thread per trace stream; cudaMalloc and cub rows say skipped (their
- * footprints are read inside the replay loop, by one thread).
+ * --threads (replay_threads.c): the calls from a thread per trace stream.
+ * cudaMallocAsync's footprint is its pool's attribute, as without;
+ * cudaMalloc's is cudaMemGetInfo read by the worker after each allocation,
+ * and cub's its counters read under its lock after each allocation (the
+ * peak of what they say then: a free on another thread between a call
+ * and its read may hide a peak by what that free gave back to the
+ * device).  Both reads are inside the timed pass, where the single-threaded
+ * replay keeps cudaMalloc's out of it: about 1-2 us against cudaMalloc's
+ * tens.
  */
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +141,22 @@ static void peer_streams_free(const replay_trace *t, cudaStream_t *st) {
   cudaDeviceSynchronize();
   replay_cuda_streams_destroy((void **)st, t->nstreams);
   free(st);
+}
+
+/* --threads: what a peer's workers share - its streams (legacy ones in
+ * sync mode), cub, and the highest footprint a worker read this pass. */
+typedef struct peer_tctx {
+  cudaStream_t *st;
+  replay_cub *cub;
+  size_t free0; /* cudaMalloc: device memory free when the pass began */
+  _Atomic uint64_t peak;
+} peer_tctx;
+
+static void peak_note(peer_tctx *c, uint64_t v) {
+  uint64_t old = atomic_load_explicit(&c->peak, memory_order_relaxed);
+  while (v > old && !atomic_compare_exchange_weak_explicit(&c->peak, &old, v, memory_order_relaxed,
+                                                           memory_order_relaxed)) {
+  }
 }
 
 /* ------------------------------------------------------------------ */
@@ -269,11 +292,31 @@ out:
 /* cudaMalloc                                                         */
 /* ------------------------------------------------------------------ */
 
+/* --threads: the calls, and the device's memory taken, read after each
+ * allocation by the worker that made it. */
+static enum replay_status cm_t_alloc(void *ctx, uint64_t size, uint32_t stream, void **out) {
+  peer_tctx *c = ctx;
+  (void)stream;
+  cudaError_t e = cudaMalloc(out, size);
+  if (e != cudaSuccess) {
+    *out = NULL;
+    enum replay_status st = cuda_fail_status(e);
+    if (st == REPLAY_ERROR) check("cudaMalloc", e);
+    return st;
+  }
+  size_t f = 0, total = 0;
+  if (cudaMemGetInfo(&f, &total) == cudaSuccess && f < c->free0) peak_note(c, c->free0 - f);
+  return REPLAY_COMPLETED;
+}
+
+static int cm_t_free(void *ctx, void *p, uint32_t stream) {
+  (void)ctx, (void)stream;
+  return check("cudaFree", cudaFree(p));
+}
+
 int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
                            replay_result *res) {
-  const char *why = mode == REPLAY_ASYNC ? "sync mode only"
-                    : o->threads        ? "not with --threads"
-                                        : peer_unavailable(o);
+  const char *why = mode == REPLAY_ASYNC ? "sync mode only" : peer_unavailable(o);
   if (why != NULL) {
     fprintf(stderr, "magpool-replay: cudaMalloc skipped: %s\n", why);
     replay_fill(res, o->passes, REPLAY_SKIPPED);
@@ -281,17 +324,36 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
   }
   void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
   if (ptrs == NULL) return -1;
+  peer_tctx tc = {.st = NULL};
+  replay_threads *wk = NULL;
+  if (o->threads) {
+    replay_tops ops = {cm_t_alloc, cm_t_free, &tc};
+    if ((wk = replay_threads_new(t, o, &ops)) == NULL) {
+      free(ptrs);
+      return -1;
+    }
+  }
   for (int p = 0; p < o->passes; p++) {
     replay_result *r = &res[p];
     memset(r, 0, sizeof *r);
     size_t free0 = 0, total = 0, f = 0;
     if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
         check("cudaMemGetInfo", cudaMemGetInfo(&free0, &total))) {
+      replay_threads_free(wk);
       free(ptrs);
       return -1;
     }
     uint64_t live = 0, peak = 0, peak_res = 0, ns = 0, taken = 0;
     size_t i, n = t->nevents;
+    if (wk != NULL) { /* the workers replay it */
+      tc.free0 = free0;
+      atomic_store_explicit(&tc.peak, 0, memory_order_relaxed);
+      replay_threads_pass(wk, r);
+      r->peak_reserved = atomic_load_explicit(&tc.peak, memory_order_relaxed);
+      for (size_t k = 0; k < t->nslots; k++)
+        if ((ptrs[k] = replay_threads_take(wk, k)) != NULL) check("cudaFree", cudaFree(ptrs[k]));
+      continue;
+    }
     cudaError_t e = cudaSuccess;
     for (i = 0; i < n; i++) {
       const replay_event ev = t->ev[i];
@@ -337,6 +399,7 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
         ptrs[k] = NULL;
       }
   }
+  replay_threads_free(wk);
   free(ptrs);
   return 0;
 }
@@ -345,9 +408,29 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
 /* cub                                                                */
 /* ------------------------------------------------------------------ */
 
+/* --threads: the calls, and cub's counters, read under its lock after
+ * each allocation by the worker that made it. */
+static enum replay_status cub_t_alloc(void *ctx, uint64_t size, uint32_t stream, void **out) {
+  peer_tctx *c = ctx;
+  cudaError_t e = (cudaError_t)replay_cub_alloc(c->cub, out, size, (struct CUstream_st *)c->st[stream]);
+  if (e != cudaSuccess) {
+    *out = NULL;
+    enum replay_status st = cuda_fail_status(e);
+    if (st == REPLAY_ERROR) check("cub DeviceAllocate", e);
+    return st;
+  }
+  peak_note(c, replay_cub_held(c->cub));
+  return REPLAY_COMPLETED;
+}
+
+static int cub_t_free(void *ctx, void *p, uint32_t stream) {
+  (void)stream;
+  return check("cub DeviceFree", (cudaError_t)replay_cub_free(((peer_tctx *)ctx)->cub, p));
+}
+
 int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
                    replay_result *res) {
-  const char *why = o->threads ? "not with --threads" : peer_unavailable(o);
+  const char *why = peer_unavailable(o);
   if (why != NULL) {
     fprintf(stderr, "magpool-replay: cub skipped: %s\n", why);
     replay_fill(res, o->passes, REPLAY_SKIPPED);
@@ -360,14 +443,30 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
   void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
   cudaStream_t *st = peer_streams(t, mode);
   replay_gates *gt = NULL;
+  replay_threads *wk = NULL;
+  peer_tctx tc = {.st = st, .cub = cub};
   int ret = -1;
   if (ptrs == NULL || st == NULL || (o->lag != 0 && (gt = replay_gates_new()) == NULL)) goto out;
+  if (o->threads) {
+    replay_tops ops = {cub_t_alloc, cub_t_free, &tc};
+    if ((wk = replay_threads_new(t, o, &ops)) == NULL) goto out;
+  }
 
   for (int p = 0; p < o->passes; p++) {
     replay_result *r = &res[p];
     memset(r, 0, sizeof *r);
     uint64_t live = 0, peak = 0, peak_res = *cached + *livec;
     size_t i, n = t->nevents;
+    if (wk != NULL) { /* the workers replay it */
+      atomic_store_explicit(&tc.peak, replay_cub_held(cub), memory_order_relaxed);
+      replay_threads_pass(wk, r);
+      r->peak_reserved = atomic_load_explicit(&tc.peak, memory_order_relaxed);
+      if (check("cudaDeviceSynchronize", cudaDeviceSynchronize())) goto out;
+      for (size_t k = 0; k < t->nslots; k++)
+        if ((ptrs[k] = replay_threads_take(wk, k)) != NULL)
+          check("cub DeviceFree", (cudaError_t)replay_cub_free(cub, ptrs[k]));
+      continue;
+    }
     cudaError_t e = cudaSuccess;
     if (gt != NULL) replay_gates_set(gt, 0);
     replay_clock clk;
@@ -418,6 +517,7 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
   }
   ret = 0;
 out:
+  replay_threads_free(wk);
   if (gt != NULL) replay_gates_set(gt, UINT64_MAX);
   peer_streams_free(t, st);
   replay_gates_free(gt);

@@ -40,9 +40,9 @@
 #   is asserted by `footprint`; threads change the caches' traffic); with
 #   the default window every pass of tiny.trace completes; a cap below its
 #   peak ends each pass with oom@K at or before event 12; --window without
-#   --threads, and --threads with --lag or --csv, exit 2; on a GPU, magpool
-#   and cudaMallocAsync complete tiny.trace asynchronously with threads
-#   (cudaMalloc and cub rows say skipped).
+#   --threads, and --threads with --lag or --csv, exit 2; on a GPU, every
+#   allocator completes tiny.trace with threads, sync and async
+#   (cudaMalloc: sync only), with peak_reserved >= peak_live.
 # Nothing here asserts a timing.
 set -u
 mode=$1 bin=$2 dir=$3
@@ -219,11 +219,17 @@ threads)
   done
   if "$bin" "$dir/tiny.trace" --kind device --allocator cudaMallocAsync --passes 1 2> /dev/null |
     grep -q '^REPLAY .* result=completed$'; then
-    run "$dir/tiny.trace" --kind device --mode async --allocator all --threads
-    [ "$(printf '%s\n' "$out" | grep -E "$re" | grep -Ec 'allocator=(magpool|cudaMallocAsync) .* result=completed$')" -eq 4 ] ||
-      fail "--threads on CUDA streams: not 4 completed passes"
-    [ "$(printf '%s\n' "$out" | grep -Ec '^REPLAY .*allocator=(cub|cudaMalloc) .* result=skipped$')" -eq 4 ] ||
-      fail "--threads: cub and cudaMalloc rows not skipped"
+    for m in sync async; do
+      run "$dir/tiny.trace" --kind device --mode "$m" --allocator all --threads
+      want=8
+      [ "$m" = async ] && want=6 # cudaMalloc: sync only
+      [ "$(printf '%s\n' "$out" | grep -E "$re" | grep -c ' result=completed$')" -eq "$want" ] ||
+        fail "--threads on the GPU, $m: not $want completed passes"
+      printf '%s\n' "$out" | grep '^REPLAY .* result=completed$' | while read -r line; do
+        [ "$(field peak_reserved "$line")" -ge "$(field peak_live "$line")" ] ||
+          echo "FAIL: --threads on the GPU: $line"
+      done | grep FAIL && fail "--threads on the GPU, $m: a footprint below the live bytes"
+    done
   else
     echo "--threads on CUDA streams: no GPU, skipped"
   fi
