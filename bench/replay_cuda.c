@@ -32,13 +32,14 @@
  * --threads (replay_threads.c): the calls from a thread per trace stream.
  * cudaMallocAsync's footprint is its pool's attribute, as without;
  * cudaMalloc's is cudaMemGetInfo read by the worker after each allocation,
- * and cub's its counters read under its lock after each allocation (the
- * peak of what they say then: a free on another thread between a call
- * and its read may hide a peak by what that free gave back to the
- * device).  Both reads are inside the timed pass, where the single-threaded
+ * and cub's its counters read after each allocation (the peak of what
+ * they say then: a free on another thread between a call and its read
+ * may hide a peak by what that free gave back to the device); cub's calls
+ * go one at a time (cub_t_alloc says why).  Both reads are inside the timed pass, where the single-threaded
  * replay keeps cudaMalloc's out of it: about 1-2 us against cudaMalloc's
  * tens.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -148,6 +149,7 @@ static void peer_streams_free(const replay_trace *t, cudaStream_t *st) {
 typedef struct peer_tctx {
   cudaStream_t *st;
   replay_cub *cub;
+  pthread_mutex_t cub_mu; /* cub's calls, one at a time (below) */
   size_t free0; /* cudaMalloc: device memory free when the pass began */
   _Atomic uint64_t peak;
 } peer_tctx;
@@ -408,24 +410,35 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
 /* cub                                                                */
 /* ------------------------------------------------------------------ */
 
-/* --threads: the calls, and cub's counters, read under its lock after
- * each allocation by the worker that made it. */
+/* --threads: the calls, and cub's counters, read after each allocation
+ * by the worker that made it.  One call at a time, under cub_mu: cub's
+ * DeviceFree records a cached block's ready event after releasing its
+ * lock, and meanwhile another thread on the same stream may take the
+ * block, free it past cub's cache limit and destroy that event; with 16
+ * threads on the legacy stream the replay crashed so every time (run 98,
+ * docs/benchmarks.md).  cub takes its own lock for each call anyway. */
 static enum replay_status cub_t_alloc(void *ctx, uint64_t size, uint32_t stream, void **out) {
   peer_tctx *c = ctx;
+  pthread_mutex_lock(&c->cub_mu);
   cudaError_t e = (cudaError_t)replay_cub_alloc(c->cub, out, size, (struct CUstream_st *)c->st[stream]);
+  if (e == cudaSuccess) peak_note(c, replay_cub_held(c->cub));
+  pthread_mutex_unlock(&c->cub_mu);
   if (e != cudaSuccess) {
     *out = NULL;
     enum replay_status st = cuda_fail_status(e);
     if (st == REPLAY_ERROR) check("cub DeviceAllocate", e);
     return st;
   }
-  peak_note(c, replay_cub_held(c->cub));
   return REPLAY_COMPLETED;
 }
 
 static int cub_t_free(void *ctx, void *p, uint32_t stream) {
+  peer_tctx *c = ctx;
   (void)stream;
-  return check("cub DeviceFree", (cudaError_t)replay_cub_free(((peer_tctx *)ctx)->cub, p));
+  pthread_mutex_lock(&c->cub_mu);
+  cudaError_t e = (cudaError_t)replay_cub_free(c->cub, p);
+  pthread_mutex_unlock(&c->cub_mu);
+  return check("cub DeviceFree", e);
 }
 
 int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode mode,
@@ -445,6 +458,7 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
   replay_gates *gt = NULL;
   replay_threads *wk = NULL;
   peer_tctx tc = {.st = st, .cub = cub};
+  pthread_mutex_init(&tc.cub_mu, NULL);
   int ret = -1;
   if (ptrs == NULL || st == NULL || (o->lag != 0 && (gt = replay_gates_new()) == NULL)) goto out;
   if (o->threads) {
@@ -518,6 +532,7 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
   ret = 0;
 out:
   replay_threads_free(wk);
+  pthread_mutex_destroy(&tc.cub_mu);
   if (gt != NULL) replay_gates_set(gt, UINT64_MAX);
   peer_streams_free(t, st);
   replay_gates_free(gt);
