@@ -40,7 +40,7 @@
 #   is asserted by `footprint`; threads change the caches' traffic); with
 #   the default window every pass of tiny.trace completes; a cap below its
 #   peak ends each pass with oom@K at or before event 12; --window without
-#   --threads, and --threads with --lag or --csv, exit 2; on a GPU, every
+#   --threads, and --threads with --lag, --csv or --evict, exit 2; on a GPU, every
 #   allocator completes tiny.trace with threads, sync and async
 #   (cudaMalloc: sync only), with peak_reserved >= peak_live.
 # Nothing here asserts a timing.
