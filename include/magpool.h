@@ -193,7 +193,11 @@ typedef struct magpool_config {
                                 the capture ends, with no per-call cost  */
   size_t chunk_size;         /* granule of physical memory on pools whose
                                 source maps memory on demand (HOST and
-                                DEVICE; PINNED pools keep whole regions)
+                                DEVICE; PINNED pools keep whole regions:
+                                runtime calls such as
+                                cudaHostGetDevicePointer and cudaMemset
+                                go wrong on host memory mapped per chunk,
+                                docs/design.md)
                                 and whose pool_size is a multiple of it -
                                 "chunked" pools: the pool reserves address
                                 space for max_pool_size at creation and

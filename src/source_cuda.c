@@ -1,7 +1,8 @@
 /* source_cuda.c - CUDA memory sources: device memory and pinned host
  * memory.  Whole regions come from cudaMalloc and cudaHostAlloc (reserve,
- * release); address ranges mapped per chunk from the driver's virtual
- * memory management calls (va_reserve ... unmap, in source_vmm.c).  Built
+ * release); device address ranges mapped per chunk from the driver's
+ * virtual memory management calls (va_reserve ... unmap, in source_vmm.c).
+ * Pinned memory is whole regions only (mp_source_pinned says why).  Built
  * in every configuration; with no CUDA in the build they fail with
  * MAGPOOL_ENODEV at open.  Layer 1. */
 #include "internal.h"
@@ -14,7 +15,7 @@
 
 typedef struct cuda_ctx {
   int device;
-  mp_vmm *vmm; /* chunk mapping (source_vmm.c) */
+  mp_vmm *vmm; /* chunk mapping (source_vmm.c); NULL for pinned memory */
 } cuda_ctx;
 
 /* Maps a CUDA error to a magpool code and remembers it. */
@@ -35,7 +36,7 @@ static int cuda_err(cudaError_t e) {
   }
 }
 
-static int cuda_open(void **ctx, const magpool_config_t *cfg, int host) {
+static int cuda_open(void **ctx, const magpool_config_t *cfg, int chunks) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
@@ -48,7 +49,7 @@ static int cuda_open(void **ctx, const magpool_config_t *cfg, int host) {
   cuda_ctx *c = calloc(1, sizeof *c);
   if (c == NULL) return MAGPOOL_ENOMEM;
   c->device = cfg->device;
-  int rc = mp_vmm_open(&c->vmm, c->device, host);
+  int rc = chunks ? mp_vmm_open(&c->vmm, c->device) : 0;
   if (rc) {
     free(c);
     return rc;
@@ -57,8 +58,8 @@ static int cuda_open(void **ctx, const magpool_config_t *cfg, int host) {
   return 0;
 }
 
-static int device_open(void **ctx, const magpool_config_t *cfg) { return cuda_open(ctx, cfg, 0); }
-static int pinned_open(void **ctx, const magpool_config_t *cfg) { return cuda_open(ctx, cfg, 1); }
+static int device_open(void **ctx, const magpool_config_t *cfg) { return cuda_open(ctx, cfg, 1); }
+static int pinned_open(void **ctx, const magpool_config_t *cfg) { return cuda_open(ctx, cfg, 0); }
 
 static void cuda_close(void *ctx) {
   cuda_ctx *c = ctx;
@@ -67,8 +68,7 @@ static void cuda_close(void *ctx) {
   free(c);
 }
 
-/* Chunk mapping: the same for both sources (the memory's kind was chosen
- * at open). */
+/* Chunk mapping, of the DEVICE source only. */
 static size_t cuda_granularity(void *ctx) { return mp_vmm_granularity(((cuda_ctx *)ctx)->vmm); }
 static int cuda_va_reserve(void *ctx, size_t size, size_t chunk, void **base) {
   return mp_vmm_va_reserve(((cuda_ctx *)ctx)->vmm, size, chunk, base);
@@ -89,7 +89,9 @@ static void cuda_drop_kept(void *ctx) { mp_vmm_drop_kept(((cuda_ctx *)ctx)->vmm)
 
 int mp_source_chunk_counts(void *ctx, mp_chunk_counts *out) {
   if (ctx == NULL || out == NULL) return MAGPOOL_EINVAL;
-  mp_vmm_counts(((cuda_ctx *)ctx)->vmm, out);
+  const mp_vmm *v = ((cuda_ctx *)ctx)->vmm;
+  if (v == NULL) *out = (mp_chunk_counts){0};
+  else mp_vmm_counts(v, out);
   return 0;
 }
 
@@ -181,10 +183,13 @@ const mp_source_ops mp_source_device = {
 
 const mp_source_ops mp_source_pinned = {
   .name = "pinned",
-  /* Whole regions (cudaHostAlloc): chunk mapping of pinned memory
-   * (source_vmm.c) read back wrong words from device writes on the H200
-   * (tests/gpu/test_gpu_basic.cu), so it stays off until that is
-   * understood. */
+  /* Whole regions (cudaHostAlloc) only.  Host memory mapped per chunk
+   * breaks runtime calls that programs make on pinned blocks (H200, CUDA
+   * 13, 2026-12-02; docs/design.md, "PINNED: whole regions"): through
+   * cuMemCreate handles, cudaHostGetDevicePointer answers the handle's
+   * start for a pointer inside it and cudaMemset refuses a range over two
+   * handles; through cudaHostRegister per chunk, cudaMemset and cudaMemcpy
+   * refuse a range over two registrations. */
   .reserve = pinned_reserve,
   .release = pinned_release,
   .commit = NULL,

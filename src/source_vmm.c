@@ -1,5 +1,5 @@
-/* source_vmm.c - chunk mapping for the DEVICE and PINNED sources through
- * the driver's virtual memory management calls.  Layer 1 (source_vmm.h
+/* source_vmm.c - chunk mapping for the DEVICE source through the driver's
+ * virtual memory management calls.  Layer 1 (source_vmm.h
  * has the contract; docs/design.md, "Memory sources: chunk mapping", the
  * reasons).
  *
@@ -71,9 +71,7 @@ struct mp_vmm {
   int device;
   size_t gran;                /* 0: chunks cannot be mapped here         */
   CUmemAllocationProp prop;   /* of every chunk                          */
-  CUmemAccessDesc acc[2];     /* device, and the host for pinned memory  */
-  int nacc;
-  int split_access;           /* set access one location at a time      */
+  CUmemAccessDesc acc;        /* read and write for the device          */
   vrange *ranges;
   struct kept { CUmemGenericAllocationHandle h; size_t size, nch; } *kept; /* nch: chunks */
   size_t nkept, capkept;
@@ -106,49 +104,28 @@ static int attr(CUdevice d, CUdevice_attribute a) {
 }
 
 /* Chooses the chunks' properties; leaves gran 0 where the driver cannot. */
-static void choose(mp_vmm *v, int host) {
+static void choose(mp_vmm *v) {
   CUdevice d;
   if (drv.dev_get(&d, v->device) != CUDA_SUCCESS) return;
   if (!attr(d, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) return;
   CUmemAllocationProp *p = &v->prop;
   p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
   p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-  v->acc[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  v->acc[0].location.id = v->device;
-  v->acc[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  v->nacc = 1;
-  if (!host) {
-    p->location = v->acc[0].location;
-  } else {
-    /* The host NUMA node next to the device (0 where NUMA is unknown);
-     * the host needs its own access, as the device does. */
-    if (attr(d, CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
-      int numa = -1;
-      if (drv.dev_attr(&numa, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, d) != CUDA_SUCCESS || numa < 0)
-        numa = 0;
-      p->location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
-      p->location.id = numa;
-    } else if (attr(d, CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
-      p->location.type = CU_MEM_LOCATION_TYPE_HOST;
-      p->location.id = 0;
-    } else {
-      return;
-    }
-    v->acc[1].location = p->location;
-    v->acc[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    v->nacc = 2;
-  }
+  v->acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  v->acc.location.id = v->device;
+  v->acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  p->location = v->acc.location;
   size_t g = 0;
   if (drv.gran(&g, p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return;
   if (g != 0 && (g & (g - 1)) == 0) v->gran = g;
 }
 
-int mp_vmm_open(mp_vmm **out, int device, int host) {
+int mp_vmm_open(mp_vmm **out, int device) {
   (void)pthread_once(&drv_once, drv_init);
   mp_vmm *v = calloc(1, sizeof *v);
   if (v == NULL) return MAGPOOL_ENOMEM;
   v->device = device;
-  if (drv.ok) choose(v, host);
+  if (drv.ok) choose(v);
   *out = v;
   return 0;
 }
@@ -334,21 +311,9 @@ static vrange *find_run(mp_vmm *v, void *addr, size_t bytes, int want, size_t *f
   return NULL;
 }
 
-/* Grants the run's access: one call for every location, or one call per
- * location where the driver refuses several at once (then from now on). */
+/* Grants the run's access, one call over all of it. */
 static CUresult set_access(mp_vmm *v, CUdeviceptr p, size_t bytes) {
-  if (!v->split_access) {
-    CUresult r = drv.access(p, bytes, v->acc, (size_t)v->nacc);
-    if (r == CUDA_SUCCESS || v->nacc == 1 ||
-        (r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_NOT_SUPPORTED))
-      return r;
-    v->split_access = 1;
-  }
-  for (int i = 0; i < v->nacc; i++) {
-    CUresult r = drv.access(p, bytes, &v->acc[i], 1);
-    if (r != CUDA_SUCCESS) return r;
-  }
-  return CUDA_SUCCESS;
+  return drv.access(p, bytes, &v->acc, 1);
 }
 
 /* Unmaps chunks [i0, i0 + n) of r; the first `reused` of them go back to
@@ -467,8 +432,8 @@ int mp_vmm_unmap(mp_vmm *v, void *addr, size_t bytes, int keep) {
 
 #else /* no CUDA in this build */
 
-int mp_vmm_open(mp_vmm **v, int device, int host) {
-  (void)v, (void)device, (void)host;
+int mp_vmm_open(mp_vmm **v, int device) {
+  (void)v, (void)device;
   return MAGPOOL_ENODEV;
 }
 void mp_vmm_close(mp_vmm *v) { (void)v; }

@@ -1,11 +1,10 @@
-/* source_vmm.h - chunk mapping for the CUDA sources (source_vmm.c), used
+/* source_vmm.h - chunk mapping for the DEVICE source (source_vmm.c), used
  * by source_cuda.c only.  Layer 1.
  *
- * An mp_vmm maps physical memory per chunk into address ranges it
- * reserved, through the driver's virtual memory management calls (looked
- * up once through the runtime, so nothing links libcuda).  DEVICE: memory
- * of one device; PINNED: page-locked host memory (host NUMA location),
- * readable and writable by the host and the device at the same address.
+ * An mp_vmm maps physical memory of one device per chunk into address
+ * ranges it reserved, through the driver's virtual memory management calls
+ * (looked up once through the runtime, so nothing links libcuda).  PINNED
+ * pools do not map per chunk (docs/design.md, "PINNED: whole regions").
  *
  * Threads: mp_vmm_map*, mp_vmm_unmap, mp_vmm_drop_kept and mp_vmm_counts must not run at the
  * same time on one mp_vmm (the pool calls them under its map lock);
@@ -22,11 +21,10 @@
 
 typedef struct mp_vmm mp_vmm;
 
-/* Makes the chunk state of a source on `device` (host != 0: pinned host
- * memory).  Succeeds also where the driver cannot map chunks of this
- * kind: then mp_vmm_granularity answers 0 and va_reserve
- * MAGPOOL_ENOTSUP.  MAGPOOL_ENOMEM or MAGPOOL_ENODEV. */
-int mp_vmm_open(mp_vmm **v, int device, int host);
+/* Makes the chunk state of a source on `device`.  Succeeds also where the
+ * driver cannot map chunks: then mp_vmm_granularity answers 0 and
+ * va_reserve MAGPOOL_ENOTSUP.  MAGPOOL_ENOMEM or MAGPOOL_ENODEV. */
+int mp_vmm_open(mp_vmm **v, int device);
 /* Releases every range and handle still held; NULL is a no-op. */
 void mp_vmm_close(mp_vmm *v);
 /* The minimum allocation granularity (a power of two), or 0 when chunks

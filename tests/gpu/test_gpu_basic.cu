@@ -5,7 +5,9 @@
 //      it back; alloc_async/free_async on a stream; free, trim, stats,
 //      check, destroy.
 //   2. PINNED pool: the host writes a block, a kernel reads it (and writes
-//      a second one that the host then reads without a copy).
+//      a second one that the host then reads without a copy); a 6 MiB
+//      block's device pointer at inner offsets is its own address, and
+//      cudaMemset and cudaMemcpy take it whole.
 //   3. Capture: magpool_alloc_async on a stream being captured
 //      (cudaStreamCaptureModeThreadLocal) either fails with
 //      MAGPOOL_ECAPTURE or succeeds; either way nothing crashes, the
@@ -173,6 +175,34 @@ void test_pinned_pool() {
   CK(cudaDeviceSynchronize());
   EXPECT(*bad == 0, "device read %llu wrong words from a pinned block", *bad);
   EXPECT(host_count_bad(h2, N, 0xF00Du) == 0, "host read wrong words written by the device");
+  // A block over several 2 MiB pieces: what a pool of host memory mapped
+  // per chunk broke (docs/design.md, "PINNED: whole regions").  Its device
+  // pointer at any offset is the same address; cudaMemset and cudaMemcpy
+  // take it whole.
+  const size_t BIG = 6u << 20;
+  unsigned char *big = (unsigned char *)magpool_alloc(pool, BIG);
+  REQUIRE(big != nullptr, "pinned 6 MiB: %s", magpool_strerror(magpool_last_error()));
+  for (size_t off : {(size_t)0, (size_t)4096 + 8, ((size_t)2 << 20) + 64, BIG - 8}) {
+    void *dp = nullptr;
+    CK(cudaHostGetDevicePointer(&dp, big + off, 0));
+    EXPECT(dp == big + off, "device pointer of a pinned block at +%zu is %p, not %p", off, dp,
+           (void *)(big + off));
+  }
+  std::memset(big, 0, BIG);
+  CK(cudaMemset(big, 0xab, BIG));
+  CK(cudaDeviceSynchronize());
+  size_t nb = 0;
+  for (size_t i = 0; i < BIG; i++) nb += big[i] != 0xab;
+  EXPECT(nb == 0, "cudaMemset over a 6 MiB pinned block: %zu bytes differ", nb);
+  uint32_t *dbuf = nullptr;
+  CK(cudaMalloc(&dbuf, BIG));
+  k_fill<<<64, 256>>>(dbuf, BIG / 4, 0xCAFEu);
+  CK(cudaGetLastError());
+  CK(cudaMemcpy(big, dbuf, BIG, cudaMemcpyDeviceToHost));
+  EXPECT(host_count_bad((const uint32_t *)big, BIG / 4, 0xCAFEu) == 0,
+         "cudaMemcpy into a 6 MiB pinned block read back wrong");
+  CK(cudaFree(dbuf));
+  EXPECT(magpool_free(pool, big) == 0, "free 6 MiB");
   EXPECT(magpool_free(pool, h) == 0, "free");
   EXPECT(magpool_free(pool, h2) == 0, "free");
   EXPECT(magpool_free(pool, bad) == 0, "free");

@@ -1,11 +1,10 @@
-/* test_gpu_vmm.c - the chunk-mapping ops of the DEVICE and PINNED memory
- * sources (granularity, va_reserve, va_release, map, unmap) on a real GPU,
- * through the source tables of src/internal.h.
+/* test_gpu_vmm.c - the chunk-mapping ops of the DEVICE memory source
+ * (granularity, va_reserve, va_release, map, unmap) on a real GPU, through
+ * the source tables of src/internal.h.
  *
- * For each source: a 1 GiB range of 2 MiB chunks, aligned to its size; a
- * run of 3 chunks mapped, written and read back (device: cudaMemset and a
- * copy; pinned: a kernel writes and the host reads at the same address,
- * the host writes and a kernel reads, vmm_kernels.cu); the middle chunk unmapped and kept, a chunk mapped
+ * A 1 GiB range of 2 MiB chunks, aligned to its size; a run of 3 chunks
+ * mapped, written and read back (cudaMemset and a copy); the middle chunk
+ * unmapped and kept, a chunk mapped
  * elsewhere with the kept memory (no create: the source's counters say
  * so), written and read; a group of 4 kept and mapped elsewhere (no
  * create), a kept group a one-chunk map leaves alone freed by drop_kept;
@@ -19,8 +18,11 @@
  * most 16 GiB free or MAGPOOL_GPU_TEST_OOM=1 is set (skipped otherwise,
  * and with MAGPOOL_GPU_TEST_SMALL).
  *
- * A PINNED source on a driver that cannot map host memory per chunk
- * (granularity 0) is reported and skipped; the DEVICE source must work.
+ * The PINNED source has no chunk ops (whole regions from cudaHostAlloc:
+ * docs/design.md, "PINNED: whole regions", says why); its region is
+ * written and read from both sides at the same address (a kernel writes
+ * and the host reads in place, the host writes and a kernel counts,
+ * vmm_kernels.cu).
  *
  * Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE). */
 #include <cuda_runtime.h>
@@ -90,13 +92,6 @@ static void check_pinned(const char *what, void *p, size_t n, unsigned char byte
   KK(vmm_kernel_count(p, n, (unsigned char)~byte, &dbad));
   EXPECT(dbad == 0, "%s: device read %llu bad bytes of host writes", what, dbad);
   memset(h, byte, n);
-}
-
-/* Fills [p, p + n) with `byte` and checks it: the device source with
- * cudaMemset and a copy back, the pinned one from both sides. */
-static void fill(int pinned, const char *what, void *p, size_t n, unsigned char byte) {
-  if (pinned) check_pinned(what, p, n, byte);
-  else check_fill(what, p, n, byte);
 }
 
 /* Every bad call answers EINVAL and leaves the counters as they were. */
@@ -172,13 +167,12 @@ static void check_oom(const mp_source_ops *ops, void *ctx, size_t chunk) {
 /* A group of 4 chunks unmapped with keep serves the next group of its
  * size elsewhere (a move in groups: no create, no release); a kept group
  * no map of its size takes stays until drop_kept frees it. */
-static void check_groups(const mp_source_ops *ops, void *ctx, char *base, size_t chunk,
-                         int pinned) {
+static void check_groups(const mp_source_ops *ops, void *ctx, char *base, size_t chunk) {
   if (ops->map_group == NULL || ops->drop_kept == NULL) return;
   char *g1 = base + 200 * chunk, *g2 = base + 300 * chunk;
   mp_chunk_counts c0 = counts(ctx), c;
   REQUIRE(ops->map_group(ctx, g1, 4 * chunk) == 0, "%s: map_group", ops->name);
-  fill(pinned, "group", g1, 4 * chunk, 0x3c);
+  check_fill("group", g1, 4 * chunk, 0x3c);
   EXPECT(ops->unmap(ctx, g1, 4 * chunk, 1) == 0, "%s: unmap group keep", ops->name);
   c = counts(ctx);
   EXPECT(c.kept == c0.kept + 4 && c.creates == c0.creates + 1 && c.releases == c0.releases,
@@ -190,7 +184,7 @@ static void check_groups(const mp_source_ops *ops, void *ctx, char *base, size_t
              c.mapped == c0.mapped + 4,
          "%s: the group move created memory: creates %llu reuses %llu kept %llu", ops->name,
          (unsigned long long)c.creates, (unsigned long long)c.reuses, (unsigned long long)c.kept);
-  fill(pinned, "moved group", g2, 4 * chunk, 0xc3);
+  check_fill("moved group", g2, 4 * chunk, 0xc3);
   /* Kept again; a one-chunk map does not take it, drop_kept frees it. */
   EXPECT(ops->unmap(ctx, g2, 4 * chunk, 1) == 0, "%s: unmap group keep again", ops->name);
   REQUIRE(ops->map(ctx, g1, chunk) == 0, "%s: map one beside a kept group", ops->name);
@@ -205,7 +199,7 @@ static void check_groups(const mp_source_ops *ops, void *ctx, char *base, size_t
   EXPECT(ops->unmap(ctx, g1, chunk, 0) == 0, "%s: unmap the chunk", ops->name);
 }
 
-static int run_source(const mp_source_ops *ops, int pinned) {
+static int run_source(const mp_source_ops *ops) {
   magpool_config_t cfg;
   magpool_config_init(&cfg);
   cfg.device = 0;
@@ -213,12 +207,6 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   int rc = ops->open(&ctx, &cfg);
   if (rc == MAGPOOL_ENODEV) return 77;
   REQUIRE(rc == 0, "%s: open: rc %d", ops->name, rc);
-  if (pinned && ops->map == NULL) {
-    /* PINNED pools keep whole regions for now (source_cuda.c says why). */
-    printf("gpu_vmm: %s: SKIP (chunk mapping of pinned memory is off)\n", ops->name);
-    if (ops->close != NULL) ops->close(ctx);
-    return 0;
-  }
   REQUIRE(ops->map != NULL && ops->unmap != NULL && ops->va_reserve != NULL &&
               ops->va_release != NULL && ops->granularity != NULL,
           "%s: chunk ops missing", ops->name);
@@ -226,13 +214,6 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   size_t gran = ops->granularity(ctx);
   printf("gpu_vmm: %s: granularity %zu KiB\n", ops->name, gran / 1024);
   const size_t size = GiB, chunk = 2 * MiB;
-  if (gran == 0 && pinned) {
-    void *b = NULL;
-    EXPECT(ops->va_reserve(ctx, size, chunk, &b) == MAGPOOL_ENOTSUP, "no granularity: ENOTSUP");
-    printf("gpu_vmm: %s: SKIP (the driver cannot map host memory per chunk)\n", ops->name);
-    ops->close(ctx);
-    return 0;
-  }
   REQUIRE(gran != 0 && (gran & (gran - 1)) == 0, "%s: granularity %zu", ops->name, gran);
   if (gran > chunk) {
     printf("gpu_vmm: %s: SKIP (granularity over 2 MiB)\n", ops->name);
@@ -255,10 +236,9 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   c = counts(ctx);
   EXPECT(c.creates == 3 && c.mapped == 3 && c.reuses == 0, "%s: after map 3: creates %llu mapped %llu",
          ops->name, (unsigned long long)c.creates, (unsigned long long)c.mapped);
-  if (!pinned)
-    EXPECT(dev_free() + 6 * MiB <= free0 + 2 * MiB, "%s: 6 MiB mapped, free memory barely moved",
+  EXPECT(dev_free() + 6 * MiB <= free0 + 2 * MiB, "%s: 6 MiB mapped, free memory barely moved",
            ops->name);
-  fill(pinned, "run of 3", run, 3 * chunk, 0xa5);
+  check_fill("run of 3", run, 3 * chunk, 0xa5);
   /* Nothing may run on a chunk while it is unmapped (cuMemUnmap does not
    * wait for it: a kernel still writing faults); fill() has waited. */
 
@@ -275,7 +255,7 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   EXPECT(c.creates == 3 && c.reuses == 1 && c.kept == 0 && c.mapped == 3,
          "%s: the move created memory: creates %llu reuses %llu kept %llu", ops->name,
          (unsigned long long)c.creates, (unsigned long long)c.reuses, (unsigned long long)c.kept);
-  fill(pinned, "moved chunk", far, chunk, 0x5a);
+  check_fill("moved chunk", far, chunk, 0x5a);
   /* The neighbours of the hole kept their bytes. */
   unsigned long long nb = 0;
   KK(vmm_kernel_count(run, chunk, 0xa5, &nb));
@@ -299,8 +279,8 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   c = counts(ctx);
   EXPECT(c.creates == 4 && c.reuses == 2 && c.mapped == 3, "%s: refill: creates %llu reuses %llu",
          ops->name, (unsigned long long)c.creates, (unsigned long long)c.reuses);
-  fill(pinned, "refilled run", run, 3 * chunk, 0x77);
-  check_groups(ops, ctx, base, chunk, pinned);
+  check_fill("refilled run", run, 3 * chunk, 0x77);
+  check_groups(ops, ctx, base, chunk);
   /* One more kept, so that va_release finds both mapped and kept memory. */
   EXPECT(ops->unmap(ctx, run, chunk, 1) == 0, "%s: keep first", ops->name);
 
@@ -321,15 +301,13 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   rc = ops->reserve(ctx, 4 * MiB, &whole);
   EXPECT(rc == 0 && whole != NULL, "%s: reserve: rc %d", ops->name, rc);
   if (rc == 0) {
-    fill(pinned, "whole region", whole, 4 * MiB, 0x11);
+    check_fill("whole region", whole, 4 * MiB, 0x11);
     EXPECT(ops->release(ctx, whole, 4 * MiB) == 0, "%s: release", ops->name);
   }
 
   const char *oom = getenv("MAGPOOL_GPU_TEST_OOM");
   const char *small = getenv("MAGPOOL_GPU_TEST_SMALL");
-  if (pinned) {
-    /* host memory: never exhausted on purpose */
-  } else if ((small == NULL || strcmp(small, "1") != 0) &&
+  if ((small == NULL || strcmp(small, "1") != 0) &&
              ((oom != NULL && strcmp(oom, "1") == 0) || dev_free() <= 16 * GiB)) {
     check_oom(ops, ctx, chunk);
   } else {
@@ -346,6 +324,27 @@ static int run_source(const mp_source_ops *ops, int pinned) {
   return 0;
 }
 
+/* The PINNED source: no chunk ops; a whole region works from both sides. */
+static void run_pinned(const mp_source_ops *ops) {
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.device = 0;
+  void *ctx = NULL;
+  int rc = ops->open(&ctx, &cfg);
+  REQUIRE(rc == 0, "%s: open: rc %d", ops->name, rc);
+  EXPECT(ops->granularity == NULL && ops->va_reserve == NULL && ops->map == NULL &&
+             ops->unmap == NULL,
+         "%s: chunk ops present", ops->name);
+  void *whole = NULL;
+  rc = ops->reserve(ctx, 4 * MiB, &whole);
+  EXPECT(rc == 0 && whole != NULL, "%s: reserve: rc %d", ops->name, rc);
+  if (rc == 0) {
+    check_pinned("pinned region", whole, 4 * MiB, 0x11);
+    EXPECT(ops->release(ctx, whole, 4 * MiB) == 0, "%s: release", ops->name);
+  }
+  if (ops->close != NULL) ops->close(ctx);
+}
+
 int main(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -353,11 +352,11 @@ int main(void) {
     printf("gpu_vmm: SKIP (no usable GPU: %s)\n", cudaGetErrorString(e));
     return 77;
   }
-  if (run_source(&mp_source_device, 0) == 77) {
+  if (run_source(&mp_source_device) == 77) {
     printf("gpu_vmm: SKIP (device source: no device)\n");
     return 77;
   }
-  run_source(&mp_source_pinned, 1);
+  run_pinned(&mp_source_pinned);
   if (g_fail) {
     printf("gpu_vmm: %d checks FAILED\n", g_fail);
     return 1;

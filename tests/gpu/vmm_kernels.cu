@@ -1,6 +1,6 @@
 // vmm_kernels.cu - two kernels for test_gpu_vmm.c (a C program, which
 // cannot launch kernels itself): they touch memory through its address on
-// the device, which is what a PINNED chunk must allow.
+// the device, which is what a PINNED region must allow.
 #include <cuda_runtime.h>
 
 #include <cstddef>
