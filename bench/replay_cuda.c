@@ -16,7 +16,8 @@
  *       cudaMemPoolAttrReservedMemHigh, reset at the start of every pass.
  *   cudaMalloc  sync only (async rows are result=skipped).  Its footprint
  *       is what the driver gives out: cudaMemGetInfo is read after every
- *       allocation, relative to what was free when the pass began.  The
+ *       allocation, relative to what was free before the first pass (the
+ *       driver keeps freed small blocks' pages for later passes).  The
  *       reading is not timed: each cudaMalloc / cudaFree is timed alone
  *       with CLOCK_MONOTONIC, and ns_per_event is their sum / events.
  *   cub  cub::CachingDeviceAllocator with its defaults (replay_cub.h),
@@ -150,7 +151,7 @@ typedef struct peer_tctx {
   cudaStream_t *st;
   replay_cub *cub;
   pthread_mutex_t cub_mu; /* cub's calls, one at a time (below) */
-  size_t free0; /* cudaMalloc: device memory free when the pass began */
+  size_t free0; /* cudaMalloc: device memory free before the first pass */
   _Atomic uint64_t peak;
 } peer_tctx;
 
@@ -335,12 +336,20 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
       return -1;
     }
   }
+  /* One baseline for every pass: the driver keeps the pages of freed small
+   * blocks for its next cudaMalloc, so a later pass's own baseline would
+   * not see it reuse them (tiny.trace's second pass read 0 bytes taken). */
+  size_t free0 = 0, total = 0, f = 0;
+  if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
+      check("cudaMemGetInfo", cudaMemGetInfo(&free0, &total))) {
+    replay_threads_free(wk);
+    free(ptrs);
+    return -1;
+  }
   for (int p = 0; p < o->passes; p++) {
     replay_result *r = &res[p];
     memset(r, 0, sizeof *r);
-    size_t free0 = 0, total = 0, f = 0;
-    if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
-        check("cudaMemGetInfo", cudaMemGetInfo(&free0, &total))) {
+    if (check("cudaDeviceSynchronize", cudaDeviceSynchronize())) {
       replay_threads_free(wk);
       free(ptrs);
       return -1;
