@@ -199,12 +199,31 @@ static void check_groups(const mp_source_ops *ops, void *ctx, char *base, size_t
   EXPECT(ops->unmap(ctx, g1, chunk, 0) == 0, "%s: unmap the chunk", ops->name);
 }
 
-static int run_source(const mp_source_ops *ops) {
+/* A whole region of 4 MiB: reserved, filled and checked with `check`,
+ * released. */
+static void check_region(const mp_source_ops *ops, void *ctx,
+                         void (*check)(const char *, void *, size_t, unsigned char)) {
+  void *whole = NULL;
+  int rc = ops->reserve(ctx, 4 * MiB, &whole);
+  EXPECT(rc == 0 && whole != NULL, "%s: reserve: rc %d", ops->name, rc);
+  if (rc == 0) {
+    check("whole region", whole, 4 * MiB, 0x11);
+    EXPECT(ops->release(ctx, whole, 4 * MiB) == 0, "%s: release", ops->name);
+  }
+}
+
+/* Opens the source on device 0: its rc, the context in *ctx. */
+static int open_source(const mp_source_ops *ops, void **ctx) {
   magpool_config_t cfg;
   magpool_config_init(&cfg);
   cfg.device = 0;
+  *ctx = NULL;
+  return ops->open(ctx, &cfg);
+}
+
+static int run_source(const mp_source_ops *ops) {
   void *ctx = NULL;
-  int rc = ops->open(&ctx, &cfg);
+  int rc = open_source(ops, &ctx);
   if (rc == MAGPOOL_ENODEV) return 77;
   REQUIRE(rc == 0, "%s: open: rc %d", ops->name, rc);
   REQUIRE(ops->map != NULL && ops->unmap != NULL && ops->va_reserve != NULL &&
@@ -297,13 +316,7 @@ static int run_source(const mp_source_ops *ops) {
          free1 / MiB, free0 / MiB);
 
   /* Whole regions still work beside the chunk ops. */
-  void *whole = NULL;
-  rc = ops->reserve(ctx, 4 * MiB, &whole);
-  EXPECT(rc == 0 && whole != NULL, "%s: reserve: rc %d", ops->name, rc);
-  if (rc == 0) {
-    check_fill("whole region", whole, 4 * MiB, 0x11);
-    EXPECT(ops->release(ctx, whole, 4 * MiB) == 0, "%s: release", ops->name);
-  }
+  check_region(ops, ctx, check_fill);
 
   const char *oom = getenv("MAGPOOL_GPU_TEST_OOM");
   const char *small = getenv("MAGPOOL_GPU_TEST_SMALL");
@@ -326,22 +339,13 @@ static int run_source(const mp_source_ops *ops) {
 
 /* The PINNED source: no chunk ops; a whole region works from both sides. */
 static void run_pinned(const mp_source_ops *ops) {
-  magpool_config_t cfg;
-  magpool_config_init(&cfg);
-  cfg.device = 0;
   void *ctx = NULL;
-  int rc = ops->open(&ctx, &cfg);
+  int rc = open_source(ops, &ctx);
   REQUIRE(rc == 0, "%s: open: rc %d", ops->name, rc);
   EXPECT(ops->granularity == NULL && ops->va_reserve == NULL && ops->map == NULL &&
              ops->unmap == NULL,
          "%s: chunk ops present", ops->name);
-  void *whole = NULL;
-  rc = ops->reserve(ctx, 4 * MiB, &whole);
-  EXPECT(rc == 0 && whole != NULL, "%s: reserve: rc %d", ops->name, rc);
-  if (rc == 0) {
-    check_pinned("pinned region", whole, 4 * MiB, 0x11);
-    EXPECT(ops->release(ctx, whole, 4 * MiB) == 0, "%s: release", ops->name);
-  }
+  check_region(ops, ctx, check_pinned);
   if (ops->close != NULL) ops->close(ctx);
 }
 
