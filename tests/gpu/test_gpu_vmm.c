@@ -256,10 +256,10 @@ static int run_source(const mp_source_ops *ops) {
   EXPECT(c.creates == 3 && c.mapped == 3 && c.reuses == 0, "%s: after map 3: creates %llu mapped %llu",
          ops->name, (unsigned long long)c.creates, (unsigned long long)c.mapped);
   EXPECT(dev_free() + 6 * MiB <= free0 + 2 * MiB, "%s: 6 MiB mapped, free memory barely moved",
-           ops->name);
+         ops->name);
   check_fill("run of 3", run, 3 * chunk, 0xa5);
   /* Nothing may run on a chunk while it is unmapped (cuMemUnmap does not
-   * wait for it: a kernel still writing faults); fill() has waited. */
+   * wait for it: a kernel still writing faults); check_fill has waited. */
 
   /* The middle chunk unmapped and kept; a chunk mapped elsewhere takes it. */
   rc = ops->unmap(ctx, run + chunk, chunk, 1);
@@ -321,7 +321,7 @@ static int run_source(const mp_source_ops *ops) {
   const char *oom = getenv("MAGPOOL_GPU_TEST_OOM");
   const char *small = getenv("MAGPOOL_GPU_TEST_SMALL");
   if ((small == NULL || strcmp(small, "1") != 0) &&
-             ((oom != NULL && strcmp(oom, "1") == 0) || dev_free() <= 16 * GiB)) {
+      ((oom != NULL && strcmp(oom, "1") == 0) || dev_free() <= 16 * GiB)) {
     check_oom(ops, ctx, chunk);
   } else {
     printf("gpu_vmm: %s: SKIP the out-of-memory run (%zu GiB free; MAGPOOL_GPU_TEST_OOM=1 "
