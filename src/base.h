@@ -136,6 +136,8 @@ enum {
                             tag and retired its park, not yet waited for */
   MP_HOOK_ADOPT_TAKE,    /* arg: the mp_adopt; its streams waited for, the
                             take not yet made                            */
+  MP_HOOK_SLOTS_CLOSED,  /* arg: the mp_sentry; a release closed its
+                            slots and has not yet counted the close      */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before

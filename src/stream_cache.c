@@ -112,6 +112,12 @@ static mp_mag *entry_steal_locked(magpool_t *pool, mp_sentry *e, bool close) {
     if (close) mp_revoke_close(&sl->rv); /* the owner's memo sees it */
     else mp_revoke_end(&sl->rv);         /* the emptied cache is visible */
   }
+  if (close) {
+    MP_HOOK(MP_HOOK_SLOTS_CLOSED, e);
+    /* After the closes (RMW, releasing them): an owner that reads the new
+     * count sweeps and sees them closed (sweep_closed_owner). */
+    mp_fetch_add_acq_rel(&pool->streams->closes, 1);
+  }
   return chain;
 }
 
@@ -174,8 +180,19 @@ static mp_sslot *slot_of_owner(mp_sentry *e, mp_tcache *tc, bool *dead) {
 
 /* The owner drops its closed slots (their entries are released): off its
  * list, off the entry's list (under the entry lock), one use of the entry
- * less, freed after a grace period.  Owner only. */
-static void sweep_closed_owner(magpool_t *pool, mp_tcache *tc) {
+ * less, freed after a grace period.  Owner only.  Unless `all`, only when
+ * a release closed slots since the last sweep: a thread that moves among
+ * many streams looks one up at each move, and would walk every slot it
+ * owns each time.  Invariant: a closed slot still on tc's list was closed
+ * by a release not yet counted in tc->s_closes.  The count is read before
+ * the walk, so a close counted later is swept by a later call; one that
+ * is closed but not yet counted may wait for the next sweep (where it is
+ * found like any closed slot: the memo and the enter see it closed). */
+static void sweep_closed_owner(magpool_t *pool, mp_tcache *tc, bool all) {
+  /* ACQUIRE: pairs with the count's RMW in entry_steal_locked. */
+  uint64_t n = mp_load_acquire(&pool->streams->closes);
+  if (n == tc->s_closes && !all) return;
+  tc->s_closes = n;
   bool any = false;
   for (mp_sslot **link = &tc->s_slots; *link != NULL;) {
     mp_sslot *sl = *link;
@@ -208,7 +225,7 @@ int mp_slot_lookup(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_sslot 
   uint64_t sid;
   int rc = pool->sops->get_id(pool->src_ctx, s, &sid);
   if (rc != 0) return rc;
-  sweep_closed_owner(pool, tc);
+  sweep_closed_owner(pool, tc, false);
   mp_sslot *sl = NULL;
   bool dead = true;
   mp_streams_read_lock();
@@ -415,7 +432,7 @@ void mp_streams_flush_caches(magpool_t *pool) {
  * cannot clear the stream in between, so the program cannot destroy the
  * stream under the retire either.  Blocks never go to the tree here. */
 void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
-  sweep_closed_owner(pool, tc);
+  sweep_closed_owner(pool, tc, exiting);
   for (mp_sslot *sl = tc->s_slots; sl != NULL; sl = sl->tnext) {
     mp_sentry *e = sl->e;
     /* At exit, the entry of this thread's per-thread stream is released:
@@ -448,7 +465,7 @@ void mp_streams_thread_flush(magpool_t *pool, mp_tcache *tc, bool exiting) {
     mp_entry_unlock(e);
     mp_streams_read_unlock();
   }
-  if (exiting) sweep_closed_owner(pool, tc);
+  if (exiting) sweep_closed_owner(pool, tc, true);
 }
 
 /* Destroy: nothing else runs on the pool.  Every slot is in exactly one

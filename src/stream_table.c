@@ -99,6 +99,7 @@ int mp_stream_table_init(magpool_t *pool) {
   }
   pthread_mutex_init(&ss->dead_lock, NULL);
   mp_atomic_init(&ss->nlive, 0);
+  mp_atomic_init(&ss->closes, 0);
   pool->streams = ss;
   return 0;
 }

@@ -371,12 +371,12 @@ typedef struct mp_sentry {
 } mp_sentry;
 
 /* The stream table: the liburcu hash table of live entries (nlive of
- * them: the parks' budgets), and the list of released entries that
- * batches or slots still use. */
+ * them: the parks' budgets), the released entries that batches or slots
+ * still use, and `closes`, releases that closed slots (owners' sweeps). */
 typedef struct mp_streams {
   struct cds_lfht *ht;         /* stream_table.c only                   */
   pthread_mutex_t dead_lock;   /* rank 2                                */
-  mp_sentry *dead;             _Atomic uint64_t nlive;
+  mp_sentry *dead;             _Atomic uint64_t nlive, closes;
 } mp_streams;
 
 /* Per-thread statistics, written only by the owning thread with plain
@@ -421,8 +421,8 @@ typedef struct mp_tcache {
   size_t r0_bytes;       /* is its tree part's (below hdr_split)        */
   _Atomic uint32_t *r0_hdr;
   /* One-entry stream memo (stream_cache.c): handle -> this thread's slot,
-   * valid until a release closes the slot; every slot it owns (s_slots,
-   * s_nslots), each one's share of stream_cache_bytes, s_limit (owner). */
+   * valid until a release closes the slot; its slots (s_slots, s_nslots: closed ones swept once
+   * streams->closes passes s_closes), each one's share of stream_cache_bytes, s_limit (owner). */
   magpool_stream_t s_handle;
   mp_sslot *s_slot;
   mp_tstats st;          /* line 2: the counters and limits            */
@@ -438,7 +438,7 @@ typedef struct mp_tcache {
                             address may be reused by a new pool        */
   mp_acct acct;          /* tree traffic of this thread                */
   mp_tclass cls[MP_MAX_CLASSES];
-  mp_sslot *s_slots;     unsigned s_nslots;
+  mp_sslot *s_slots;     unsigned s_nslots;     uint64_t s_closes;
   _Atomic int state;
   _Atomic uintptr_t thief;       /* thieves' lock: a thief's token, or 0 */
   struct mp_tcache *pool_next;   /* pool list; set before publication  */

@@ -16,6 +16,10 @@
  *        are reachable by another thread's out-of-memory ladder
  *   races::thief_waits_for_an_owner_inside   the ladder's thief meets an
  *        owner stopped inside its critical section: it waits, then steals
+ *   races::a_close_counted_late_is_swept_later   a release stopped
+ *        between closing a thread's slots and counting the close, while
+ *        that thread moves among its streams: once counted, the thread's
+ *        next lookup drops the closed slot
  *
  * Internal headers: links the static archive.
  */
@@ -378,6 +382,77 @@ Test(races, thief_waits_for_an_owner_inside, .timeout = 60) {
   cr_assert_eq(magpool_usable_size(pool, ra.p[0]), 1024, "the owner's block is not live");
   cr_assert_eq(((unsigned char *)ra.p[0])[1023], 0x5A);
   cr_assert_eq(magpool_free(pool, ra.p[0]), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  mpt_assert_one_block(pool);
+  mpt_pool_done(pool);
+}
+
+/* ================================ a release's closes vs an owner's lookup */
+
+static _Thread_local int closes_is_releaser;
+static flag closes_stopped = FLAG_INIT, closes_go = FLAG_INIT;
+
+static void closes_hook(int point, void *arg) {
+  (void)arg;
+  if (point != MP_HOOK_SLOTS_CLOSED || !closes_is_releaser) return;
+  closes_is_releaser = 0;
+  flag_set(&closes_stopped);
+  flag_wait(&closes_go);
+}
+
+static void *closes_releaser(void *arg) {
+  release_arg *r = arg;
+  closes_is_releaser = 1;
+  cr_assert_eq(magpool_stream_release(r->pool, r->s), 0);
+  return NULL;
+}
+
+/* A block allocated and freed on s: the calling thread's slot for s. */
+static void use_stream(magpool_t *pool, magpool_stream_t s) {
+  void *p = magpool_alloc_async(pool, 4096, s);
+  cr_assert_not_null(p);
+  cr_assert_eq(magpool_free_async(pool, p, s), 0);
+}
+
+Test(races, a_close_counted_late_is_swept_later, .timeout = 60) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 1 * MiB, .thread_cache = MPT_ZERO});
+  magpool_stream_t s = stream_new(), t = stream_new(), u = stream_new();
+  use_stream(pool, s);
+  use_stream(pool, t);
+  mp_tcache *tc = mp_tls_last;
+  cr_assert(tc != NULL && tc->pool == pool);
+  cr_assert_eq(tc->s_nslots, 2);
+
+  mp_hook_set(closes_hook);
+  release_arg ra = {pool, s};
+  pthread_t rl;
+  cr_assert_eq(pthread_create(&rl, NULL, closes_releaser, &ra), 0);
+  flag_wait(&closes_stopped); /* s's slots closed, the close not counted */
+  /* Lookups in the window: a new stream, and the released one (its closed
+   * slot is found again and refused by the enter). */
+  use_stream(pool, u);
+  use_stream(pool, s);
+  cr_assert_eq(tc->s_nslots, 3,
+               "the window was not open: a lookup swept the closed slot before "
+               "the release counted its close (%u slots)",
+               tc->s_nslots);
+  flag_set(&closes_go);
+  pthread_join(rl, NULL);
+  mp_hook_set(NULL);
+
+  /* Counted now: the next move to another stream drops the closed slot. */
+  use_stream(pool, t);
+  cr_assert_eq(tc->s_nslots, 2,
+               "a closed slot outlived the count of its close: %u slots on the "
+               "thread's list, 2 open",
+               tc->s_nslots);
+  cr_assert_eq(magpool_stream_release(pool, t), 0);
+  cr_assert_eq(magpool_stream_release(pool, u), 0);
+  magpool_stream_t all[] = {s, t, u};
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(magpool_host_stream_sync(all[i]), 0);
+    cr_assert_eq(magpool_host_stream_destroy(all[i]), 0);
+  }
   cr_assert_eq(magpool_trim(pool), 0);
   mpt_assert_one_block(pool);
   mpt_pool_done(pool);
