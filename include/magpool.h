@@ -108,7 +108,12 @@ typedef struct magpool_config {
   size_t pool_size;          /* bytes taken at creation; default 256 MiB.
                                 Rounded down to a multiple of min_block.
                                 Need not be a power of two: the pool holds
-                                exactly that many bytes.                    */
+                                exactly that many bytes.  A growing HOST or
+                                DEVICE pool (allow_growth) rounds it up to
+                                whole chunks (chunk_size) instead, unless
+                                that would pass max_pool_size: it then
+                                maps chunks (see chunk_size) however
+                                pool_size was written                     */
   int allow_growth;          /* nonzero: take more memory from the source
                                 when a request does not fit; default 0     */
   size_t max_pool_size;      /* upper bound on all memory taken, growth
@@ -198,9 +203,11 @@ typedef struct magpool_config {
                                 cudaHostGetDevicePointer and cudaMemset
                                 go wrong on host memory mapped per chunk,
                                 docs/design.md)
-                                and whose pool_size is a multiple of it -
-                                "chunked" pools: the pool reserves address
-                                space for max_pool_size at creation and
+                                and whose pool_size is a multiple of it,
+                                or rounds up to one (a growing pool, see
+                                pool_size) - "chunked" pools: the pool
+                                reserves address space for max_pool_size
+                                at creation and
                                 maps chunk_size pieces of it as blocks
                                 first need them.  A power of two from
                                 64 KiB to 1 GiB; default 2 MiB.  DEVICE
@@ -394,10 +401,11 @@ MAGPOOL_API int magpool_destroy(magpool_t *pool);
  * the alignment of the region it lies in: on HOST pools a region is aligned
  * to its size rounded up to a power of two; on DEVICE and
  * PINNED pools to what cudaMalloc / cudaHostAlloc give (at least 256 B).
- * Chunked pools (HOST and DEVICE pools whose pool_size is a multiple of
- * chunk_size; see chunk_size): a block under a chunk is as above; a larger
- * request that no cache serves gets a run of whole chunks, aligned to the
- * chunk, whose usable size is the request rounded up to whole chunks.  On
+ * Chunked pools (HOST and DEVICE pools whose pool_size is whole chunks or
+ * is rounded up to them; see chunk_size): a block under a chunk is as
+ * above; a larger request that no cache serves gets a run of whole chunks,
+ * aligned to the chunk, whose usable size is the request rounded up to
+ * whole chunks.  On
  * DEVICE pools, free with magpool_free only memory no GPU work still uses
  * (as with any sync free; use magpool_free_async otherwise): an empty chunk
  * may be unmapped at once.  size 0 is valid: it returns a

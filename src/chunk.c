@@ -410,21 +410,27 @@ int mp_chunks_init(magpool_t *pool) {
   if (gran == 0) return MAGPOOL_ENOTSUP; /* this device cannot map chunks */
   size_t chunk = cfg->chunk_size;
   if (chunk < gran) chunk = gran;
-  if (chunk < cfg->min_block || cfg->pool_size % chunk != 0) return MAGPOOL_ENOTSUP;
+  if (chunk < cfg->min_block) return MAGPOOL_ENOTSUP;
+  /* pool_size is mapped at creation and kept.  A fixed pool holds exactly
+   * pool_size (magpool.h): not whole chunks, it keeps whole regions; a
+   * growing one rounds it up to whole chunks, within max_pool_size. */
+  size_t keep = (cfg->pool_size + chunk - 1) & ~(chunk - 1);
+  if (keep != cfg->pool_size && (!cfg->allow_growth || keep < cfg->pool_size ||
+                                 (cfg->max_pool_size != 0 && keep > cfg->max_pool_size)))
+    return MAGPOOL_ENOTSUP;
 
   /* The cap: max_pool_size, else the source's capacity when growing,
    * else the pool size. */
-  size_t cap = cfg->pool_size;
+  size_t cap = keep;
   if (cfg->allow_growth) {
     if (cfg->max_pool_size != 0) cap = cfg->max_pool_size;
     else if (src->capacity != NULL && src->capacity(pool->src_ctx) > cap)
       cap = src->capacity(pool->src_ctx);
   }
   cap &= ~(chunk - 1);
-  if (cap < cfg->pool_size) cap = cfg->pool_size;
-  /* Twice the cap in address space: buddy blocks round requests up to a
-   * power of two, so live bytes near the cap need up to twice as much
-   * room; the waste is address space only. */
+  if (cap < keep) cap = keep;
+  /* Twice the cap in address space: buddy blocks round requests up to a power of two, so
+   * live bytes near the cap need up to twice as much room (address space only). */
   size_t va = pow2_ceil(cap);
   if (va < ((size_t)1 << 45)) va *= 2;
   if (va < chunk) va = chunk;
@@ -443,7 +449,7 @@ int mp_chunks_init(magpool_t *pool) {
   c->va_bytes = va;
   c->n = va >> c->shift;
   c->cap = cap >> c->shift;
-  c->keep = cfg->pool_size >> c->shift;
+  c->keep = keep >> c->shift;
   c->release = cfg->release_threshold == SIZE_MAX ? UINT64_MAX : cfg->release_threshold >> c->shift;
   c->busy = calloc(c->n, sizeof *c->busy);
   c->ext = calloc(c->n, sizeof *c->ext);
@@ -461,23 +467,17 @@ int mp_chunks_init(magpool_t *pool) {
   c->run0 = c->n / 2;
   pool->chunks = c;
   rc = mp_runs_init(pool, (uint32_t)(c->n - c->run0));
-  if (rc != 0) {
-    pool->chunks = NULL;
-    src->va_release(pool->src_ctx, base, va);
-    goto fail_tabs;
-  }
+  if (rc != 0) goto fail_va;
   /* pool_size is mapped at creation, at the lowest addresses, which
    * lowest-first placement fills first. */
   pthread_mutex_lock(lk);
   rc = map_run(pool, 0, c->keep, c->keep);
   pthread_mutex_unlock(lk);
-  if (rc != 0) {
-    mp_runs_fini(pool);
-    pool->chunks = NULL;
-    src->va_release(pool->src_ctx, base, va);
-    goto fail_tabs;
-  }
-  return 0;
+  if (rc == 0) return 0;
+  mp_runs_fini(pool);
+fail_va:
+  pool->chunks = NULL;
+  src->va_release(pool->src_ctx, base, va);
 fail_tabs:
   free_tabs(c);
   pthread_mutex_destroy(lk);

@@ -121,3 +121,57 @@ Test(growth, unlimited_growth) {
   mpt_pool_done(pool);
   MPT_ASSERT_NO_LEAKS();
 }
+
+/* A pool made from these fields (host memory, chunks of 2 MiB). */
+static magpool_t *odd_pool(size_t pool_size, int growth, size_t max) {
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.pool_size = pool_size;
+  cfg.allow_growth = growth;
+  cfg.max_pool_size = max;
+  magpool_t *pool = NULL;
+  cr_assert_eq(magpool_create(&cfg, &pool), 0);
+  return pool;
+}
+
+/* A pool_size that is not whole chunks (100,000,000 B, as programs write
+ * it).  Growing: rounded up to whole chunks, so the pool maps chunks and a
+ * large block is a run of whole chunks (5 MiB + 1 takes 6 MiB, not the 8
+ * MiB of a buddy block); trim keeps the rounded size.  Fixed: exactly
+ * pool_size.  Growing under a max_pool_size below the rounded size: whole
+ * regions, never past the max. */
+Test(growth, a_pool_size_of_part_chunks) {
+  const size_t PS = 100000000, CH = 2 * MiB, UP = (PS / CH + 1) * CH;
+  magpool_t *pool = odd_pool(PS, 1, 0);
+  size_t total = 0;
+  cr_assert_eq(magpool_mem_info(pool, NULL, &total), 0);
+  cr_assert_eq(total, UP, "a growing pool of %zu B holds %zu, not %zu", PS, total, UP);
+  void *run = magpool_alloc(pool, 5 * MiB + 1);
+  cr_assert_not_null(run);
+  cr_assert_eq(magpool_usable_size(pool, run), 6 * MiB, "usable %zu: not a run of chunks",
+               magpool_usable_size(pool, run));
+  void *more = magpool_alloc(pool, 200 * MiB); /* grows past pool_size */
+  cr_assert_not_null(more);
+  cr_assert_eq(magpool_free(pool, more), 0);
+  cr_assert_eq(magpool_free(pool, run), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, UP);
+  mpt_pool_done(pool);
+
+  pool = odd_pool(PS, 0, 0);
+  cr_assert_eq(magpool_mem_info(pool, NULL, &total), 0);
+  cr_assert_eq(total, PS - PS % 64, "a fixed pool of %zu B holds %zu", PS, total);
+  mpt_pool_done(pool);
+
+  const size_t MAX = PS + 64 * 1024; /* below UP */
+  pool = odd_pool(PS, 1, MAX);
+  cr_assert_eq(magpool_mem_info(pool, NULL, &total), 0);
+  cr_assert_eq(total, PS - PS % 64, "a pool capped below whole chunks holds %zu", total);
+  void *b[128];
+  size_t n = fill_with_mib(pool, b, 128);
+  cr_assert_eq(magpool_last_error(), MAGPOOL_ENOMEM);
+  cr_assert_geq(n, 64);
+  cr_assert_leq(mpt_stats(pool).reserved_bytes, MAX);
+  for (size_t i = 0; i < n; i++) cr_assert_eq(magpool_free(pool, b[i]), 0);
+  mpt_pool_done(pool);
+}

@@ -140,8 +140,9 @@ typedef struct mpt_cfg {
   size_t max;              /* .max_pool_size (default 0: no limit) */
   size_t min_block;        /* .min_block                          */
   size_t cache_max;        /* .cache_max_block                    */
-  size_t chunk;            /* .chunk_size (a pool_size it does not
-                              divide is not chunked: whole regions) */
+  size_t chunk;            /* .chunk_size (a fixed pool whose
+                              pool_size it does not divide is not
+                              chunked: whole regions) */
   int growth;              /* .allow_growth (default 0: off)      */
   magpool_mem_kind_t kind; /* .kind (default MAGPOOL_MEM_HOST)    */
   int cross_reuse;         /* .cross_stream_reuse (default 0: off) */

@@ -649,8 +649,9 @@ static void pool_create(rd *r) {
   magpool_config_t cfg;
   decode_config(r, &cfg);
   /* The model is of whole-region pools (block = power of two, aligned to
-   * itself, inside region 0): a chunk larger than the pool keeps the pool
-   * unchunked.  Chunked pools are checked by tests/unit/test_chunks.c,
+   * itself, inside region 0): a chunk larger than the pool and than
+   * MAX_POOL keeps the pool unchunked (a growing pool rounds pool_size up
+   * to whole chunks only within its max_pool_size).  Chunked pools are checked by tests/unit/test_chunks.c,
    * the replay tests and the stress harness. */
   cfg.chunk_size = (size_t)1 << 30;
   magpool_t *pool = NULL;
