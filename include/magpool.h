@@ -113,7 +113,10 @@ typedef struct magpool_config {
                                 whole chunks (chunk_size) instead, unless
                                 that would pass max_pool_size: it then
                                 maps chunks (see chunk_size) however
-                                pool_size was written                     */
+                                pool_size was written.  A chunked pool
+                                maps 8 of its chunks for blocks below
+                                chunk_size and the rest where larger
+                                blocks go first                           */
   int allow_growth;          /* nonzero: take more memory from the source
                                 when a request does not fit; default 0     */
   size_t max_pool_size;      /* upper bound on all memory taken, growth

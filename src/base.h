@@ -36,6 +36,8 @@
                                    memory (chunk.c, C6)                */
 #define MP_MOVE_GROUP 4        /* most chunks a move maps as one piece
                                    (chunk.c, map_run)                  */
+#define MP_KEEP_TREE 8         /* chunks of pool_size mapped under the
+                                   tree; the rest in run space (chunk.c) */
 #define MP_CACHELINE 64
 #define MP_MAG_SLABS_MAX (1u << 20) /* 64 magazines a slab: 2^26 magazines,
                                        indices fit 32 bits               */

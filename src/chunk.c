@@ -84,13 +84,13 @@ static inline void bit_put(mp_chunks *c, uint64_t i, bool on) {
   mp_store_relaxed(w, on ? v | b : v & ~b);
 }
 
-/* Maps chunks [a, a + n) of one group (all unmapped, inside one
- * MP_CHUNK_GROUP-aligned window) with one source call: one piece of
+/* Maps chunks [a, a + n), all unmapped (with grp: one group, inside one
+ * MP_CHUNK_GROUP-aligned window), with one source call: one piece of
  * memory if allowed (above) and n > 1, else a chunk each.  Lock held. */
 static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   mp_chunks *c = pool->chunks;
   const mp_source_ops *src = pool->src;
-  bool one = grp && n > 1 && src->map_group && a >= c->keep && pool->cfg.chunk_groups;
+  bool one = grp && n > 1 && src->map_group && pool->cfg.chunk_groups;
   char *addr = c->base + (a << c->shift);
   int rc = one ? src->map_group(pool->src_ctx, addr, n << c->shift)
                : src->map(pool->src_ctx, addr, n << c->shift);
@@ -388,18 +388,8 @@ void mp_chunks_trim(magpool_t *pool) {
 
 /* The per-chunk tables (NULL ones too: a failed creation). */
 static void free_tabs(mp_chunks *c) {
-  free(c->gfirst);
-  free(c->glen);
-  free(c->busy);
-  free(c->ext);
-  free((void *)c->state);
-  free((void *)c->mapped);
-}
-
-static size_t pow2_ceil(size_t x) {
-  size_t p = 1;
-  while (p < x) p <<= 1;
-  return p;
+  free(c->gfirst), free(c->glen), free(c->busy), free(c->ext);
+  free((void *)c->state), free((void *)c->mapped);
 }
 
 int mp_chunks_init(magpool_t *pool) {
@@ -431,7 +421,7 @@ int mp_chunks_init(magpool_t *pool) {
   if (cap < keep) cap = keep;
   /* Twice the cap in address space: buddy blocks round requests up to a power of two, so
    * live bytes near the cap need up to twice as much room (address space only). */
-  size_t va = pow2_ceil(cap);
+  size_t va = (size_t)1 << mp_log2_ceil(cap);
   if (va < ((size_t)1 << 45)) va *= 2;
   if (va < chunk) va = chunk;
   /* And as much again for runs of chunks (runs.c): the tree has the lower
@@ -468,10 +458,14 @@ int mp_chunks_init(magpool_t *pool) {
   pool->chunks = c;
   rc = mp_runs_init(pool, (uint32_t)(c->n - c->run0));
   if (rc != 0) goto fail_va;
-  /* pool_size is mapped at creation, at the lowest addresses, which
-   * lowest-first placement fills first. */
+  /* pool_size is mapped at creation, a chunk each, where lowest-first
+   * placement fills first: MP_KEEP_TREE chunks at the bottom of the
+   * tree's half, the rest at the bottom of the run space, since most of
+   * a pool is large blocks (docs/design.md, "Policy"). */
+  uint64_t t = c->keep < MP_KEEP_TREE ? c->keep : MP_KEEP_TREE;
   pthread_mutex_lock(lk);
-  rc = map_run(pool, 0, c->keep, c->keep);
+  rc = t != 0 ? map_window(pool, 0, t, false) : 0;
+  if (rc == 0 && c->keep > t) rc = map_window(pool, c->run0, c->keep - t, false);
   pthread_mutex_unlock(lk);
   if (rc == 0) return 0;
   mp_runs_fini(pool);

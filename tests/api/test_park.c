@@ -538,27 +538,28 @@ Test(park, a_stream_that_alone_takes_runs_keeps_its_batch_open, .timeout = 60) {
 /* Below a peak, fenced chunks are mapped chunks: a run fenced for S
  * serves S's smaller request where the tree would have to move chunks
  * (unmap empty ones and map them where the run lands: 53 us a chunk on a
- * GPU).  A fixed 64 MiB pool maps its 32 chunks under the buddy tree, so
- * its first run moves chunks to the run space; a 9 MiB request on S then
- * lands on the 16 MiB run fenced for S, with no move, and the 3 chunks it
- * leaves stay fenced. */
+ * GPU).  A fixed 64 MiB pool maps 24 of its 32 chunks at the bottom of the
+ * run space and 8 under the buddy tree, so its first run, of 28 chunks,
+ * moves 4; a 9 MiB request on S then lands on that run, fenced for S, with
+ * no move, and the 23 chunks it leaves stay fenced. */
 Test(park, a_fenced_run_serves_before_chunks_move, .timeout = 60) {
   const size_t PS = 64 * MiB;
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS});
   magpool_stream_t S = stream_new();
   gate g;
   gate_hold(&g, S);
-  void *x = magpool_alloc_async(pool, 16 * MiB, S);
+  void *x = magpool_alloc_async(pool, 56 * MiB, S);
   cr_assert_not_null(x);
-  cr_assert_gt(mpt_stats(pool).chunk_moves, 0, "the first run did not move chunks");
+  cr_assert_eq(mpt_stats(pool).chunk_moves, 4, "the first run moved %llu chunks",
+               (unsigned long long)mpt_stats(pool).chunk_moves);
   cr_assert_eq(magpool_free_async(pool, x, S), 0);
-  cr_assert_eq(mpt_stats(pool).pending_bytes, 16 * MiB, "the 16 MiB run was not fenced");
+  cr_assert_eq(mpt_stats(pool).pending_bytes, 56 * MiB, "the 56 MiB run was not fenced");
   uint64_t moves = mpt_stats(pool).chunk_moves;
   void *y = magpool_alloc_async(pool, 9 * MiB, S);
   cr_assert_eq(y, x, "S's 9 MiB request did not land on its fenced run");
   magpool_stats_t st = mpt_stats(pool);
   cr_assert_eq(st.chunk_moves, moves, "%llu chunks moved", (unsigned long long)(st.chunk_moves - moves));
-  cr_assert_eq(st.pending_bytes, 6 * MiB, "pending %zu: not the 3 chunks left fenced", st.pending_bytes);
+  cr_assert_eq(st.pending_bytes, 46 * MiB, "pending %zu: not the 23 chunks left fenced", st.pending_bytes);
   mpt_assert_conserved(pool);
   cr_assert_eq(magpool_free_async(pool, y, S), 0);
   gate_release(&g, S);

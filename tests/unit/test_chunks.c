@@ -93,6 +93,42 @@ Test(chunks, maps_on_demand_then_trims) {
   mpt_pool_done(pool);
 }
 
+/* pool_size is mapped where lowest-first placement goes first: 8 chunks
+ * under the tree, the rest at the bottom of the run space.  A growing
+ * 64 MiB pool (32 chunks) serves small blocks and a run of its 24 run
+ * chunks with no move and no map; the next run creates (the budget
+ * allows: the mark rose to 26 busy chunks) rather than moving the tree's
+ * empty ones.  With all of pool_size under the tree, the run moved 24. */
+static uint64_t chunk_index(magpool_t *pool, const void *p);
+
+Test(chunks, pool_size_is_mapped_where_blocks_go) {
+  magpool_t *pool = chunked_pool(64 * MiB, 0);
+  mp_chunks *c = pool->chunks;
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 64 * MiB);
+  void *s[64];
+  for (int i = 0; i < 64; i++) cr_assert_not_null(s[i] = magpool_alloc(pool, 64 * KiB));
+  void *r = magpool_alloc(pool, 48 * MiB);
+  cr_assert_not_null(r);
+  cr_assert_eq(chunk_index(pool, r), c->run0, "the run is not at the bottom of the run space");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.chunk_moves, 0, "%llu chunks moved", (unsigned long long)st.chunk_moves);
+  cr_assert_eq(st.chunk_maps, 32, "%llu chunks mapped", (unsigned long long)st.chunk_maps);
+  for (int i = 0; i < 64; i++)
+    cr_assert_lt(chunk_index(pool, s[i]), MP_KEEP_TREE, "a small block above the tree's chunks");
+  void *r2 = magpool_alloc(pool, 4 * MiB);
+  cr_assert_not_null(r2);
+  st = mpt_stats(pool);
+  cr_assert_eq(st.chunk_moves, 0, "the second run moved %llu chunks", (unsigned long long)st.chunk_moves);
+  cr_assert_eq(st.reserved_bytes, 68 * MiB);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, r2), 0);
+  cr_assert_eq(magpool_free(pool, r), 0);
+  for (int i = 0; i < 64; i++) cr_assert_eq(magpool_free(pool, s[i]), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 64 * MiB);
+  mpt_pool_done(pool);
+}
+
 Test(chunks, runs_reuse_mapped_chunks) {
   magpool_t *pool = chunked_pool(4 * MiB, 0);
   void *a = magpool_alloc(pool, 7 * MiB);
@@ -348,14 +384,17 @@ Test(chunks, growth_maps_groups) {
 
   /* A fixed pool (no growth, no cap of the user's: chunk_groups on) maps
    * its runs by moves of its pool_size chunks, a chunk each: a group with
-   * one busy chunk would pin the others, and it cannot grow past them. */
+   * one busy chunk would pin the others, and it cannot grow past them.
+   * Its 16 chunks: 8 under the tree, 8 at the bottom of the run space, so
+   * a run of 12 moves 4. */
   pool = mpt_pool(&(mpt_cfg){.pool_size = 32 * MiB, .thread_cache = MPT_ZERO,
                              .stream_cache = MPT_ZERO});
   cr_assert(pool->chunks != NULL && pool->cfg.chunk_groups == 1);
-  r = magpool_alloc(pool, 16 * MiB);
+  r = magpool_alloc(pool, 24 * MiB);
   cr_assert_not_null(r);
-  cr_assert_geq(mpt_stats(pool).chunk_moves, 8, "the run came without moves");
-  for (uint64_t k = chunk_index(pool, r), n = 0; n < 8; k++, n++)
+  cr_assert_eq(mpt_stats(pool).chunk_moves, 4, "the run moved %llu chunks",
+               (unsigned long long)mpt_stats(pool).chunk_moves);
+  for (uint64_t k = chunk_index(pool, r), n = 0; n < 12; k++, n++)
     cr_assert_eq(pool->chunks->glen[pool->chunks->gfirst[k]], 1,
                  "a fixed pool's move mapped chunk %lu in a group", (unsigned long)n);
   cr_assert_eq(mpt_stats(pool).reserved_bytes, 32 * MiB);

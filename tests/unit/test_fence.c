@@ -775,7 +775,7 @@ Test(fence, a_new_peak_asks_a_stream_that_keeps_up, .timeout = 60) {
   mp_hook_set(ask_hook);
   cr_assert_not(free_asks(pool, x, S), "x's free asked");
   cr_assert(fenced(pool, rchunk(pool, x)), "x, not asked about, is not fenced");
-  void *big = magpool_alloc_async(pool, PS, S); /* more than the pool ever held */
+  void *big = magpool_alloc_async(pool, 2 * PS, S); /* more than the pool ever held */
   mp_hook_set(NULL);
   cr_assert_not_null(big);
   cr_assert_eq(atomic_load(&asked), 1, "the new peak did not ask S");
