@@ -116,7 +116,11 @@ typedef struct magpool_config {
                                 pool_size was written.  A chunked pool
                                 maps 8 of its chunks for blocks below
                                 chunk_size and the rest where larger
-                                blocks go first                           */
+                                blocks go first.  A fixed pool whose
+                                pool_size is not whole chunks keeps whole
+                                regions, where blocks round up to powers
+                                of two: give a fixed pool whole chunks
+                                (magpool_align_up(size, chunk_size))     */
   int allow_growth;          /* nonzero: take more memory from the source
                                 when a request does not fit; default 0     */
   size_t max_pool_size;      /* upper bound on all memory taken, growth
@@ -145,7 +149,12 @@ typedef struct magpool_config {
                                 idle threads cache (see magpool_alloc);
                                 a trim does not                            */
   size_t cache_max_block;    /* blocks larger than this bypass the caches;
-                                default 1 MiB                              */
+                                default 1 MiB.  On a chunked pool a cached
+                                block keeps its chunk mapped: where the
+                                footprint of a small pool matters more
+                                than the speed of blocks of 256 KiB to
+                                1 MiB, 256 KiB takes those to the tree,
+                                which packs them (docs/benchmarks.md)     */
   size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks
                                 it freed on streams, for reuse on the
                                 stream each was freed on, before a batch
