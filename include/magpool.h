@@ -108,19 +108,21 @@ typedef struct magpool_config {
   size_t pool_size;          /* bytes taken at creation; default 256 MiB.
                                 Rounded down to a multiple of min_block.
                                 Need not be a power of two: the pool holds
-                                exactly that many bytes.  A growing HOST or
-                                DEVICE pool (allow_growth) rounds it up to
-                                whole chunks (chunk_size) instead, unless
-                                that would pass max_pool_size: it then
-                                maps chunks (see chunk_size) however
-                                pool_size was written.  A chunked pool
-                                maps 8 of its chunks for blocks below
-                                chunk_size and the rest where larger
-                                blocks go first.  A fixed pool whose
-                                pool_size is not whole chunks keeps whole
+                                exactly that many bytes, but on HOST and
+                                DEVICE pools when it is not whole chunks
+                                (chunk_size): a growing pool rounds it up
+                                to whole chunks, unless that would pass
+                                max_pool_size; a pool that does not round
+                                up rounds it down to whole chunks if that
+                                leaves 64 chunks or more (it then holds
+                                less than pool_size, by under a chunk).
+                                Either way it maps chunks (see
+                                chunk_size) however pool_size was
+                                written.  Smaller ones keep whole
                                 regions, where blocks round up to powers
-                                of two: give a fixed pool whole chunks
-                                (magpool_align_up(size, chunk_size))     */
+                                of two.  A chunked pool maps 8 of its
+                                chunks for blocks below chunk_size and
+                                the rest where larger blocks go first    */
   int allow_growth;          /* nonzero: take more memory from the source
                                 when a request does not fit; default 0     */
   size_t max_pool_size;      /* upper bound on all memory taken, growth

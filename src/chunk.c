@@ -52,6 +52,9 @@
 
 /* Chunks the budget allows beyond the busy high-water mark, at least. */
 #define MP_CHUNK_SLACK_MIN 8
+/* Whole chunks a fixed pool_size (not whole chunks) is rounded down to,
+ * at least; below, whole regions (mp_chunks_init). */
+#define MP_ROUND_DOWN_MIN 64
 
 static inline pthread_mutex_t *lock_of(mp_chunks *c) { return c->lock; }
 
@@ -401,13 +404,16 @@ int mp_chunks_init(magpool_t *pool) {
   size_t chunk = cfg->chunk_size;
   if (chunk < gran) chunk = gran;
   if (chunk < cfg->min_block) return MAGPOOL_ENOTSUP;
-  /* pool_size is mapped at creation and kept.  A fixed pool holds exactly
-   * pool_size (magpool.h): not whole chunks, it keeps whole regions; a
-   * growing one rounds it up to whole chunks, within max_pool_size. */
+  /* pool_size is mapped at creation and kept (magpool.h): not whole
+   * chunks, a growing pool rounds it up, within max_pool_size; else one
+   * of MP_ROUND_DOWN_MIN chunks or more rounds it down, and a smaller one
+   * holds exactly pool_size on whole regions. */
   size_t keep = (cfg->pool_size + chunk - 1) & ~(chunk - 1);
   if (keep != cfg->pool_size && (!cfg->allow_growth || keep < cfg->pool_size ||
-                                 (cfg->max_pool_size != 0 && keep > cfg->max_pool_size)))
-    return MAGPOOL_ENOTSUP;
+                                 (cfg->max_pool_size != 0 && keep > cfg->max_pool_size))) {
+    keep = cfg->pool_size & ~(chunk - 1);
+    if (keep / chunk < MP_ROUND_DOWN_MIN) return MAGPOOL_ENOTSUP;
+  }
 
   /* The cap: max_pool_size, else the source's capacity when growing,
    * else the pool size. */

@@ -651,7 +651,8 @@ static void pool_create(rd *r) {
   /* The model is of whole-region pools (block = power of two, aligned to
    * itself, inside region 0): a chunk larger than the pool and than
    * MAX_POOL keeps the pool unchunked (a growing pool rounds pool_size up
-   * to whole chunks only within its max_pool_size).  Chunked pools are checked by tests/unit/test_chunks.c,
+   * to whole chunks only within its max_pool_size, another rounds it down
+   * only to 64 chunks or more).  Chunked pools are checked by tests/unit/test_chunks.c,
    * the replay tests and the stress harness. */
   cfg.chunk_size = (size_t)1 << 30;
   magpool_t *pool = NULL;
