@@ -286,6 +286,11 @@ out:
   peer_streams_free(t, st);
   replay_gates_free(gt);
   free(ptrs);
+  /* The frees queued on the streams just destroyed complete after the
+   * destroy returns: wait for them, or the pool would release their
+   * memory at a later synchronisation, under the next allocator's
+   * baseline (cudaMalloc's --threads pass read 0 bytes taken, run 110). */
+  cudaDeviceSynchronize();
   cudaMemPoolTrimTo(mp, 0);
   cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &old_thr);
   return ret;
@@ -340,7 +345,10 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
    * blocks for its next cudaMalloc, so a later pass's own baseline would
    * not see it reuse them (tiny.trace's second pass read 0 bytes taken). */
   size_t free0 = 0, total = 0, f = 0;
+  cudaMemPool_t mp; /* and nothing of the stream-ordered pool's left to release under it */
   if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
+      (cudaDeviceGetDefaultMemPool(&mp, DEV) == cudaSuccess &&
+       check("cudaMemPoolTrimTo", cudaMemPoolTrimTo(mp, 0))) ||
       check("cudaMemGetInfo", cudaMemGetInfo(&free0, &total))) {
     replay_threads_free(wk);
     free(ptrs);
