@@ -218,8 +218,8 @@ typedef struct magpool_config {
                                 go wrong on host memory mapped per chunk,
                                 docs/design.md)
                                 and whose pool_size is a multiple of it,
-                                or rounds up to one (a growing pool, see
-                                pool_size) - "chunked" pools: the pool
+                                or is rounded to one (see pool_size) -
+                                "chunked" pools: the pool
                                 reserves address space for max_pool_size
                                 at creation and
                                 maps chunk_size pieces of it as blocks
