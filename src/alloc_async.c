@@ -35,12 +35,14 @@ MP_INLINE int memo_get(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_ss
  * record may return its caches after a trim, and a call that fails must
  * leave the pool as it was.  A stream the thread's memo names (record of
  * this pool, slot open) is known good; any other is asked about (capture,
- * id). */
-static int stream_precheck(magpool_t *pool, magpool_stream_t s) {
+ * id), and *asked says so. */
+static int stream_precheck(magpool_t *pool, magpool_stream_t s, bool *asked) {
   mp_tcache *tc = mp_tls_last;
+  *asked = false;
   if (tc != NULL && tc->pool == pool && tc->uid == pool->uid && tc->s_slot != NULL &&
       tc->s_handle == s && !mp_revoke_closed(&tc->s_slot->rv))
     return 0;
+  *asked = true;
   int cap = mp_capture_rc(pool, s);
   if (cap != 0) return cap;
   uint64_t sid;
@@ -62,7 +64,8 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
     if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
     return mp_alloc_order(pool, tc, order, size, 0);
   }
-  int rc = stream_precheck(pool, s);
+  bool asked;
+  int rc = stream_precheck(pool, s, &asked);
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
   if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
   rc = memo_get(pool, tc, s, &sl);
@@ -193,7 +196,11 @@ out:
 /* ------------------------------------------------------------------- free */
 
 /* The slow half of free_async, after the header was validated but not yet
- * claimed.  not_capturing: the caller has just asked (free_async_capture). */
+ * claimed.  not_capturing: s is known not to be captured now - the caller
+ * has just asked (free_async_capture, stream_precheck), or the pool asks
+ * no question on s (host streams; capture_check 0, where the program
+ * releases s before it captures on it, which closes every memo of s, so
+ * a stream that passed stream_precheck is not being captured). */
 static MP_NOINLINE int free_async_slow(magpool_t *pool, mp_tcache *tc, mp_sslot *sl,
                                        magpool_stream_t s, void *p, _Atomic uint32_t *h,
                                        unsigned order, size_t req, bool not_capturing) {
@@ -243,12 +250,17 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
    * stream_precheck). */
   int rc = mp_block_validate(pool, ptr, 0, false, false, &h, &order, &req);
   if (MP_UNLIKELY(rc != 0)) return rc;
-  if (MP_UNLIKELY((rc = stream_precheck(pool, s)) != 0)) return rc;
+  bool asked;
+  if (MP_UNLIKELY((rc = stream_precheck(pool, s, &asked)) != 0)) return rc;
   mp_tcache *tc = mp_tcache_get(pool);
   if (MP_UNLIKELY(tc == NULL)) return MAGPOOL_ENOMEM;
   mp_sslot *sl;
   rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return rc;
+  /* With capture_check 0 every free of a run asked here: a driver call,
+   * 50 ns on the H200 (docs/benchmarks.md, run 112). */
+  not_capturing = not_capturing || asked ||
+                  !(pool->sops->check_capture && pool->cfg.capture_check);
   return free_async_slow(pool, tc, sl, s, ptr, h, order, req, not_capturing);
 }
 

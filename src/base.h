@@ -140,6 +140,8 @@ enum {
                             take not yet made                            */
   MP_HOOK_SLOTS_CLOSED,  /* arg: the mp_sentry; a release closed its
                             slots and has not yet counted the close      */
+  MP_HOOK_CAPTURE_ASK,   /* arg: the stream; a host stream is asked
+                            whether it is being captured (never)         */
 };
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before

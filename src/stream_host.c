@@ -336,7 +336,7 @@ static int host_sync(void *dev, magpool_stream_t s) {
 
 static int host_capturing(void *dev, magpool_stream_t s) {
   (void)dev;
-  (void)s;
+  MP_HOOK(MP_HOOK_CAPTURE_ASK, s);
   return 0;
 }
 

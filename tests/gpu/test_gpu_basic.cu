@@ -22,6 +22,10 @@
 //      behind this must not invalidate that capture.  With an error of
 //      the program's pending in the runtime's last-error slot the stream
 //      is still asked (through the driver) and the error is still there.
+//   5. capture_check = 0: frees of runs and of small blocks on s work
+//      while s is in use; once the program has released s, every async
+//      call on s during its capture answers MAGPOOL_ECAPTURE (the blocks
+//      stay allocated), the capture ends cleanly, and s works after it.
 //
 // Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
 #include <cuda_runtime.h>
@@ -334,6 +338,77 @@ void test_capture() {
   std::printf("gpu_basic: capture done\n");
 }
 
+// capture_check = 0: the program releases s before it captures on it.  A
+// free of a run on s no longer asks the driver (alloc_async.c): the
+// release must still make every call on s during the capture fail.
+void test_capture_unchecked() {
+  const size_t PS = 64u << 20, RUN = 4u << 20;
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.kind = MAGPOOL_MEM_DEVICE;
+  cfg.pool_size = PS;
+  cfg.device = 0;
+  cfg.capture_check = 0;
+  magpool_t *pool = nullptr;
+  int rc = magpool_create(&cfg, &pool);
+  REQUIRE(rc == 0, "magpool_create: %s", magpool_strerror(rc));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  magpool_stream_t ms = (magpool_stream_t)s;
+  int *dummy = (int *)magpool_alloc(pool, sizeof(int));
+  REQUIRE(dummy != nullptr, "alloc");
+  CK(cudaMemset(dummy, 0, sizeof(int)));
+  void *big = nullptr, *small = nullptr;
+  for (int i = 0; i < 8; i++) {
+    if (big != nullptr) EXPECT(magpool_free_async(pool, big, ms) == 0, "free_async run");
+    if (small != nullptr) EXPECT(magpool_free_async(pool, small, ms) == 0, "free_async small");
+    big = magpool_alloc_async(pool, RUN, ms);
+    small = magpool_alloc_async(pool, 1024, ms);
+    REQUIRE(big != nullptr && small != nullptr, "alloc_async: %s",
+            magpool_strerror(magpool_last_error()));
+    k_fill<<<4, 128, 0, s>>>((uint32_t *)big, RUN / 4, 7u + i);
+  }
+  CK(cudaGetLastError());
+  EXPECT(magpool_stream_release(pool, ms) == 0, "release before the capture");
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  k_nop<<<1, 1, 0, s>>>(dummy);
+  cudaError_t le = cudaGetLastError();
+  int frun = magpool_free_async(pool, big, ms);
+  int fsmall = magpool_free_async(pool, small, ms);
+  void *p = magpool_alloc_async(pool, RUN, ms);
+  int aerr = p == nullptr ? magpool_last_error() : 0;
+  cudaGraph_t graph = nullptr;
+  cudaError_t ec = cudaStreamEndCapture(s, &graph);
+  (void)cudaGetLastError();
+  std::printf("gpu_basic: capture_check=0, released stream under capture: free run %s, "
+              "free small %s, alloc %s; end capture: %s\n",
+              magpool_strerror(frun), magpool_strerror(fsmall),
+              p != nullptr ? "succeeded" : magpool_strerror(aerr), cudaGetErrorString(ec));
+  EXPECT(le == cudaSuccess, "launch in capture: %s", cudaGetErrorString(le));
+  EXPECT(frun == MAGPOOL_ECAPTURE, "free_async of a run under capture: %s",
+         magpool_strerror(frun));
+  EXPECT(fsmall == MAGPOOL_ECAPTURE, "free_async of a small block under capture: %s",
+         magpool_strerror(fsmall));
+  EXPECT(p == nullptr && aerr == MAGPOOL_ECAPTURE, "alloc_async under capture: %s",
+         p != nullptr ? "succeeded" : magpool_strerror(aerr));
+  EXPECT(ec == cudaSuccess, "magpool invalidated the capture: cudaStreamEndCapture: %s",
+         cudaGetErrorString(ec));
+  if (graph != nullptr) CK(cudaGraphDestroy(graph));
+  if (p != nullptr) EXPECT(magpool_free(pool, p) == 0, "free");
+  // The refused frees left their blocks allocated; s works again.
+  if (frun != 0) EXPECT(magpool_free_async(pool, big, ms) == 0, "free_async run after capture");
+  if (fsmall != 0)
+    EXPECT(magpool_free_async(pool, small, ms) == 0, "free_async small after capture");
+  CK(cudaStreamSynchronize(s));
+  EXPECT(magpool_stream_release(pool, ms) == 0, "release");
+  EXPECT(magpool_free(pool, dummy) == 0, "free dummy");
+  CK(cudaDeviceSynchronize());
+  expect_empty(pool, PS, "capture_check=0 pool");
+  CK(cudaStreamDestroy(s));
+  EXPECT(magpool_destroy(pool) == 0, "destroy");
+  std::printf("gpu_basic: capture_check=0 done\n");
+}
+
 // A retire on stream s: free one large block (parked), then release the
 // stream (the park is retired).  Returns pending_bytes right after.
 size_t retire_one(magpool_t *pool, cudaStream_t s, size_t bytes, bool busy, const char *what) {
@@ -458,6 +533,7 @@ int main() {
   test_device_pool();
   test_pinned_pool();
   test_capture();
+  test_capture_unchecked();
   test_idle();
   std::printf("gpu_basic: %s (%d failures)\n", g_fail ? "FAIL" : "PASS", g_fail);
   return g_fail ? 1 : 0;

@@ -21,6 +21,8 @@
  *   park::a_busy_stream_is_asked_less_and_less   after a "not passed",
  *        run frees ask the stream again after 1, 2, 4 ... frees; a "passed"
  *        starts over
+ *   park::a_run_free_asks_no_capture_question   frees of a run on a
+ *        stream known not to be captured make no capture question
  *   park::a_slot_miss_takes_a_whole_parked_magazine   a thread that
  *        allocates on S what another freed on S takes the park's blocks a
  *        magazine at a time into its slot, not one a call
@@ -366,6 +368,36 @@ Test(park, a_busy_stream_is_asked_less_and_less, .timeout = 60) {
   gate_done(&t.g);
   cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
   finish(t.pool, 64 * MiB, &t.s, 1);
+}
+
+/* A free asks whether its stream is being captured only where that is not
+ * known (alloc_async.c, free_async_full): a host stream never is, nor is a
+ * stream of a pool with capture_check 0 once the thread's memo names it.
+ * On blocked S (a chunked pool: the 4 MiB block is a run, fenced for S),
+ * ten frees of the run, each reallocated by S, ask no question; each had
+ * asked once before, a driver call on a CUDA stream. */
+static _Atomic int capture_asked;
+static void count_capture(int point, void *arg) {
+  (void)arg;
+  if (point == MP_HOOK_CAPTURE_ASK) atomic_fetch_add(&capture_asked, 1);
+}
+
+Test(park, a_run_free_asks_no_capture_question, .timeout = 60) {
+  setup t;
+  setup_on(&t, true);
+  atomic_store(&capture_asked, 0);
+  mp_hook_set(count_capture);
+  for (int k = 0; k < 10; k++) {
+    cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
+    void *y = magpool_alloc_async(t.pool, BIG, t.s);
+    cr_assert_eq(y, t.x, "free %d: S did not get its fenced run back", k + 1);
+  }
+  mp_hook_set(NULL);
+  cr_assert_eq(atomic_load(&capture_asked), 0,
+               "10 frees of a run on a host stream asked %d capture questions",
+               atomic_load(&capture_asked));
+  cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
+  setup_end(&t);
 }
 
 /* ---------------------------------- a thread allocating what another frees */
