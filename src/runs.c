@@ -73,10 +73,10 @@ static uint32_t mapped_in(const mp_chunks *c, uint32_t s, uint32_t m) {
   uint64_t a = c->run0 + s, b = a + m;
   uint32_t k = 0;
   for (uint64_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
-    uint64_t w = map_word(c, wi);
-    if (wi == a / 64) w &= ~(uint64_t)0 << (a % 64);
-    if (wi == (b - 1) / 64 && b % 64 != 0) w &= ~(uint64_t)0 >> (64 - b % 64);
-    k += (uint32_t)__builtin_popcountll(w);
+    uint64_t w = map_word(c, wi), lo = wi * 64, hi = lo + 64;
+    uint64_t from = a > lo ? a : lo, to = b < hi ? b : hi; /* the window's bits here */
+    uint64_t in = (~(uint64_t)0 >> (64 - (to - from))) << (from - lo); /* all mapped: no popcount */
+    k += (w & in) == in ? (uint32_t)(to - from) : (uint32_t)__builtin_popcountll(w & in);
   }
   return k;
 }
@@ -146,6 +146,7 @@ static void bits_clear(uint64_t *w, const uint64_t *other, uint32_t a, uint32_t 
                        uint64_t *both) {
   for (uint32_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
     uint64_t f = w[wi] & word_mask(a, b, wi);
+    if (f == 0) continue; /* the common case: nothing fenced or retired */
     w[wi] &= ~f;
     *n += (uint64_t)__builtin_popcountll(f);
     *both += (uint64_t)__builtin_popcountll(f & other[wi]);
