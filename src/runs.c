@@ -110,11 +110,9 @@ static inline bool bit(const uint64_t *w, uint32_t k) { return w[k / 64] >> (k %
 static inline bool fbit(const mp_runs *r, uint32_t k) { return bit(r->fbits, k); }
 static inline bool rbit(const mp_runs *r, uint32_t k) { return bit(r->rbits, k); }
 static inline void bit_set(uint64_t *w, uint32_t k, bool on) {
-  uint64_t b = (uint64_t)1 << (k % 64);
-  w[k / 64] = on ? w[k / 64] | b : w[k / 64] & ~b;
+  w[k / 64] = on ? w[k / 64] | (uint64_t)1 << (k % 64) : w[k / 64] & ~((uint64_t)1 << (k % 64));
 }
-/* Adds k (wrapping: -k subtracts) to a counter only the runs' lock
- * holder writes. */
+/* Adds k (wrapping: -k subtracts) to a counter only the lock holder writes. */
 static inline void count_add(_Atomic uint64_t *n, uint64_t k) {
   mp_store_relaxed(n, mp_load_relaxed(n) + k);
 }
@@ -297,10 +295,12 @@ static void insert(mp_runs *r, uint32_t s, uint32_t m) {
 void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
   mp_runs *r = &pool->chunks->runs;
   runs_lock(r);
-  memset(&r->tag[s], 0, (size_t)m * sizeof r->tag[0]);
-  uint64_t gone = 0, dret = 0; /* rbit_put(k, false) for each */
-  bits_clear(r->rbits, r->fbits, s, s + m, &gone, &dret);
-  count_add(&r->nretired, -dret);
+  if (r->next_tag != 0) { /* else no tag was ever given: no fence, no bit set */
+    memset(&r->tag[s], 0, (size_t)m * sizeof r->tag[0]);
+    uint64_t gone = 0, dret = 0; /* rbit_put(k, false) for each */
+    bits_clear(r->rbits, r->fbits, s, s + m, &gone, &dret);
+    count_add(&r->nretired, -dret);
+  }
   insert(r, s, m);
   runs_unlock(r);
 }
