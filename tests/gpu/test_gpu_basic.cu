@@ -81,12 +81,15 @@ size_t host_count_bad(const uint32_t *p, size_t n, uint32_t seed) {
   return b;
 }
 
-magpool_t *make_pool(magpool_mem_kind_t kind, size_t size) {
+// capture_check: the config field (1, its default, but in
+// test_capture_unchecked).
+magpool_t *make_pool(magpool_mem_kind_t kind, size_t size, int capture_check = 1) {
   magpool_config_t cfg;
   magpool_config_init(&cfg);
   cfg.kind = kind;
   cfg.pool_size = size;
   cfg.device = 0;
+  cfg.capture_check = capture_check;
   magpool_t *pool = nullptr;
   int rc = magpool_create(&cfg, &pool);
   REQUIRE(rc == 0 && pool != nullptr, "magpool_create(kind %d): %s", (int)kind,
@@ -343,15 +346,7 @@ void test_capture() {
 // release must still make every call on s during the capture fail.
 void test_capture_unchecked() {
   const size_t PS = 64u << 20, RUN = 4u << 20;
-  magpool_config_t cfg;
-  magpool_config_init(&cfg);
-  cfg.kind = MAGPOOL_MEM_DEVICE;
-  cfg.pool_size = PS;
-  cfg.device = 0;
-  cfg.capture_check = 0;
-  magpool_t *pool = nullptr;
-  int rc = magpool_create(&cfg, &pool);
-  REQUIRE(rc == 0, "magpool_create: %s", magpool_strerror(rc));
+  magpool_t *pool = make_pool(MAGPOOL_MEM_DEVICE, PS, 0);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   magpool_stream_t ms = (magpool_stream_t)s;

@@ -321,6 +321,13 @@ Test(park, thousand_random_large_frees_fewer_batches, .timeout = 120) {
   finish(pool, PS, &s, 1);
 }
 
+/* Counts each hook point reached (the tests below). */
+static _Atomic int hook_hits[MP_HOOK_CAPTURE_ASK + 1]; /* by point */
+static void count_hits(int point, void *arg) {
+  (void)arg;
+  if (point >= 0 && point <= MP_HOOK_CAPTURE_ASK) atomic_fetch_add(&hook_hits[point], 1);
+}
+
 /* A stream that has not passed a run's free is asked less and less: after
  * each "no", the next 1, 2, 4 ... run frees are fenced for it without
  * asking (park.c, passed_hint; a chunked pool, where the 4 MiB block is a
@@ -329,17 +336,11 @@ Test(park, thousand_random_large_frees_fewer_batches, .timeout = 120) {
  * has passed, the frees still skip the question as scheduled, and the
  * first that asks (at most 16 frees later) sends its run to the free runs
  * unfenced; the next free asks at once. */
-static _Atomic int idle_asked;
-static void count_idle(int point, void *arg) {
-  (void)arg;
-  if (point == MP_HOOK_PARK_IDLE) atomic_fetch_add(&idle_asked, 1);
-}
-
 Test(park, a_busy_stream_is_asked_less_and_less, .timeout = 60) {
   setup t;
   setup_on(&t, true);
-  atomic_store(&idle_asked, 0);
-  mp_hook_set(count_idle);
+  atomic_store(&hook_hits[MP_HOOK_PARK_IDLE], 0);
+  mp_hook_set(count_hits);
   for (int k = 0; k < 20; k++) {
     cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
     magpool_stats_t st = mpt_stats(t.pool); /* fenced: cached, or pending once retired */
@@ -347,22 +348,23 @@ Test(park, a_busy_stream_is_asked_less_and_less, .timeout = 60) {
     void *y = magpool_alloc_async(t.pool, BIG, t.s);
     cr_assert_eq(y, t.x, "free %d: S did not get its fenced run back", k + 1);
   }
-  cr_assert_eq(atomic_load(&idle_asked), 5, "blocked S was asked %d times in 20 frees",
-               atomic_load(&idle_asked));
+  cr_assert_eq(atomic_load(&hook_hits[MP_HOOK_PARK_IDLE]), 5,
+               "blocked S was asked %d times in 20 frees",
+               atomic_load(&hook_hits[MP_HOOK_PARK_IDLE]));
   gate_open(&t.g);
   cr_assert_eq(magpool_host_stream_sync(t.s), 0);
   /* Frees that skip the question; then the one that asks. */
-  for (int frees = 1; atomic_load(&idle_asked) == 5; frees++) {
+  for (int frees = 1; atomic_load(&hook_hits[MP_HOOK_PARK_IDLE]) == 5; frees++) {
     cr_assert_leq(frees, 17, "S passed, and 17 frees later none has asked");
     cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
     t.x = magpool_alloc_async(t.pool, BIG, t.s);
     cr_assert_not_null(t.x);
   }
-  cr_assert_eq(atomic_load(&idle_asked), 6);
+  cr_assert_eq(atomic_load(&hook_hits[MP_HOOK_PARK_IDLE]), 6);
   cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
   magpool_stats_t st = mpt_stats(t.pool);
   cr_assert_eq(st.cached_bytes + st.pending_bytes, 0, "passed S: the run after a yes was fenced");
-  cr_assert_eq(atomic_load(&idle_asked), 7);
+  cr_assert_eq(atomic_load(&hook_hits[MP_HOOK_PARK_IDLE]), 7);
   mp_hook_set(NULL);
   t.x = magpool_alloc_async(t.pool, BIG, t.s);
   gate_done(&t.g);
@@ -376,26 +378,20 @@ Test(park, a_busy_stream_is_asked_less_and_less, .timeout = 60) {
  * On blocked S (a chunked pool: the 4 MiB block is a run, fenced for S),
  * ten frees of the run, each reallocated by S, ask no question; each had
  * asked once before, a driver call on a CUDA stream. */
-static _Atomic int capture_asked;
-static void count_capture(int point, void *arg) {
-  (void)arg;
-  if (point == MP_HOOK_CAPTURE_ASK) atomic_fetch_add(&capture_asked, 1);
-}
-
 Test(park, a_run_free_asks_no_capture_question, .timeout = 60) {
   setup t;
   setup_on(&t, true);
-  atomic_store(&capture_asked, 0);
-  mp_hook_set(count_capture);
+  atomic_store(&hook_hits[MP_HOOK_CAPTURE_ASK], 0);
+  mp_hook_set(count_hits);
   for (int k = 0; k < 10; k++) {
     cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
     void *y = magpool_alloc_async(t.pool, BIG, t.s);
     cr_assert_eq(y, t.x, "free %d: S did not get its fenced run back", k + 1);
   }
   mp_hook_set(NULL);
-  cr_assert_eq(atomic_load(&capture_asked), 0,
+  cr_assert_eq(atomic_load(&hook_hits[MP_HOOK_CAPTURE_ASK]), 0,
                "10 frees of a run on a host stream asked %d capture questions",
-               atomic_load(&capture_asked));
+               atomic_load(&hook_hits[MP_HOOK_CAPTURE_ASK]));
   cr_assert_eq(magpool_free_async(t.pool, t.x, t.s), 0);
   setup_end(&t);
 }
