@@ -1330,7 +1330,7 @@ static void setup(slot *ms) {
   magpool_get_stats(g_pool, &st0);
   g_held = st0.reserved_bytes;
   if (g_opt.grow_from_mb == 0 && (g_held > cfg.pool_size ||
-                                  (cfg.pool_size % (2u << 20) == 0 && g_held != cfg.pool_size)))
+                                  (cfg.pool_size % cfg.chunk_size == 0 && g_held != cfg.pool_size)))
     violation("a fixed pool of %zu B holds %zu", cfg.pool_size, g_held);
 
   /* Ownership window: without growth every block lies in [base, base +
