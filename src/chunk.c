@@ -15,12 +15,10 @@
  *     budget allows, else moves an empty mapped chunk there (unmap with
  *     keep, then map: no create on sources that keep memory);
  *   - growth maps each MP_CHUNK_GROUP-aligned window as one group (one
- *     piece of memory where the source has map_group), unmapped whole,
- *     a move each whole MP_MOVE_GROUP-aligned window it maps; pool_size
- *     and all of a pool without chunk_groups (default: one with a
- *     max_pool_size) are a chunk each (a group with one busy chunk pins
- *     its empty ones: they cannot move, and a capped pool would fail
- *     with the memory there);
+ *     piece of memory with map_group), unmapped whole, a move each whole
+ *     MP_MOVE_GROUP-aligned window; pool_size and all of a pool without
+ *     chunk_groups (one with a max_pool_size) are a chunk each (a group
+ *     with one busy chunk pins its empty ones, which a capped pool needs);
  *   - empty chunks stay mapped, but above release_threshold at a give,
  *     and at magpool_trim (down to pool_size).
  * So mapped memory never exceeds the peak need by more than the slack,
@@ -35,9 +33,9 @@
  * load comes first, and then the take's state load, which follows its RMW,
  * sees UNMAPPING or UNMAPPED and the take waits for the lock and maps the
  * chunk again.  A take never uses memory that an unmap may be taking
- * away.  A group's unmap marks every chunk of it UNMAPPING before it
- * re-reads any busy count, so the argument holds for each chunk of the
- * group, and one busy chunk keeps the whole group.  A give's decrement
+ * away.  An unmap marks every chunk of its row of groups UNMAPPING before
+ * it re-reads any busy count, so the argument holds for each chunk, and
+ * one busy chunk keeps its whole group.  A give's decrement
  * (seq_cst, so RELEASE) happens after the block's last use, and the
  * unmap's re-read (ACQUIRE) sees it: the user's accesses happen before
  * the unmap.  Only the lock holder changes state and the mapped bitmap;
@@ -138,51 +136,60 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n, uint64_t moved) 
   return 0;
 }
 
-/* Unmaps the group of chunk i if every chunk of it is empty, with the
- * handshake above on each, and if at least `floor` chunks stay mapped.
- * Lock held.  Returns the chunks unmapped: the group's length, or 0. */
-static uint64_t unmap_if_empty(magpool_t *pool, uint64_t i, int keep, uint64_t floor) {
+/* [a, b), whole groups marked UNMAPPING: re-reads their busy counts (the
+ * handshake above), unmaps each row still empty with one source call (one
+ * driver call costs about as much as a chunk's: design.md, "What it
+ * costs"); the rest is MAPPED again.  Lock held.  Returns chunks unmapped. */
+static uint64_t unmap_span(magpool_t *pool, uint64_t a, uint64_t b, int keep) {
   mp_chunks *c = pool->chunks;
-  if (mp_load_relaxed(&c->state[i]) != MP_CHUNK_MAPPED) return 0;
-  uint64_t g = c->gfirst[i], n = c->glen[g];
-  if (mp_load_relaxed(&c->nmapped) < floor + n) return 0;
-  for (uint64_t k = g; k < g + n; k++)
-    if (mp_load_relaxed(&c->busy[k]) != 0) return 0;
-  for (uint64_t k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPING);
-  MP_HOOK(MP_HOOK_CHUNK_UNMAP, c->base + (i << c->shift));
-  bool busy = false;
-  for (uint64_t k = g; k < g + n && !busy; k++) busy = mp_load_seq_cst(&c->busy[k]) != 0;
-  /* keep: for the move's map of the same length (the rest: drop_kept) */
-  if (busy ||
-      pool->src->unmap(pool->src_ctx, c->base + (g << c->shift), n << c->shift, keep) != 0) {
-    for (uint64_t k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_MAPPED);
-    return 0;
+  uint64_t got = 0;
+  for (uint64_t g = a, s = a; s < b;) { /* [s, g): empty so far */
+    bool busy = false;
+    for (uint64_t k = g; g < b && k < g + c->glen[g] && !busy; k++)
+      busy = mp_load_seq_cst(&c->busy[k]) != 0;
+    if (g < b && !busy && (g += c->glen[g])) continue;
+    /* keep: for the move's map of the same length (the rest: drop_kept) */
+    bool ok = g > s && pool->src->unmap(pool->src_ctx, c->base + (s << c->shift),
+                                        (g - s) << c->shift, keep) == 0;
+    uint64_t e = g < b ? g + c->glen[g] : b; /* with the busy group */
+    for (uint64_t k = s; k < e; k++) {
+      mp_store_seq_cst(&c->state[k], ok && k < g ? MP_CHUNK_UNMAPPED : MP_CHUNK_MAPPED);
+      if (ok && k < g) bit_put(c, k, false);
+    }
+    got += ok ? g - s : 0;
+    s = g = e;
   }
-  for (uint64_t k = g; k < g + n; k++) {
-    mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPED);
-    bit_put(c, k, false);
-  }
-  mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - n);
-  mp_fetch_add_relaxed(&c->unmaps, n);
-  reserved_add(pool, -(int64_t)n);
-  return n;
+  mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - got);
+  mp_fetch_add_relaxed(&c->unmaps, got);
+  reserved_add(pool, -(int64_t)got);
+  return got;
 }
 
-/* Unmaps empty mapped chunks in [lo, hi), highest first, until `want`
- * are gone.  Returns how many were.  Lock held. */
+/* Unmaps empty groups in [lo, hi), highest first, until `want` chunks are
+ * gone, `floor` left: marks rows of adjacent ones for unmap_span; a second
+ * scan replaces any found busy.  Lock held.  Returns the chunks unmapped. */
 static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t want, int keep,
                            uint64_t floor) {
   mp_chunks *c = pool->chunks;
   uint64_t got = 0;
-  if (hi <= lo || want == 0) return 0;
-  for (uint64_t wi = (hi - 1) / 64 + 1; wi-- > lo / 64 && got < want;) {
-    uint64_t w = mp_load_relaxed(&c->mapped[wi]);
-    while (w != 0 && got < want) {
-      unsigned b = 63 - mp_clz64(w);
-      w &= ~((uint64_t)1 << b);
-      uint64_t i = wi * 64 + b;
-      if (i >= lo && i < hi) got += unmap_if_empty(pool, i, keep, floor);
-    }
+  for (int scan = 0; scan < 2 && got < want && hi > lo; scan++) {
+    uint64_t sa = 0, sb = 0, marked = 0, before = got; /* the marked row [sa, sb) */
+    for (uint64_t wi = (hi - 1) / 64 + 1; wi-- > lo / 64 && got + (sb - sa) < want;)
+      for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && got + (sb - sa) < want;) {
+        uint64_t i = wi * 64 + 63 - mp_clz64(w), g = c->gfirst[i], n = c->glen[g], k = g;
+        w &= ~((uint64_t)1 << (i % 64));
+        if (i < lo || i >= hi || mp_load_relaxed(&c->state[i]) != MP_CHUNK_MAPPED ||
+            mp_load_relaxed(&c->nmapped) < floor + n + (sb - sa))
+          continue;
+        while (k < g + n && mp_load_relaxed(&c->busy[k]) == 0) k++;
+        if (k < g + n) continue;
+        if (g + n != sa) got += unmap_span(pool, sa, sb, keep), sb = g + n; /* a new row */
+        for (sa = g, k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPING);
+        marked += n;
+        MP_HOOK(MP_HOOK_CHUNK_UNMAP, c->base + (i << c->shift));
+      }
+    got += unmap_span(pool, sa, sb, keep);
+    if (got - before == marked) break;
   }
   return got;
 }
@@ -220,8 +227,7 @@ static bool returning_covers(const magpool_t *pool, size_t bytes) {
  * beyond what is mapped is refused with MP_EGROW unless `grow`, while
  * stream frees on their way back could cover the run: the caller waits
  * for them first (pool.c's ladder).  (A take with MP_TAKE_NOMOVE never
- * gets here over the budget: mp_chunks_acquire refuses it first.)  Lock
- * held. */
+ * gets here over the budget: mp_chunks_acquire refuses it.)  Lock held. */
 static int make_room(magpool_t *pool, uint64_t n, int grow) {
   mp_chunks *c = pool->chunks;
   if (mp_load_relaxed(&c->nmapped) + n <= budget(c))
@@ -414,9 +420,7 @@ int mp_chunks_init(magpool_t *pool) {
     keep = cfg->pool_size & ~(chunk - 1);
     if (keep / chunk < MP_ROUND_DOWN_MIN) return MAGPOOL_ENOTSUP;
   }
-
-  /* The cap: max_pool_size, else the source's capacity when growing,
-   * else the pool size. */
+  /* The cap: max_pool_size, else the source's capacity when growing, else pool_size. */
   size_t cap = keep;
   if (cfg->allow_growth) {
     if (cfg->max_pool_size != 0) cap = cfg->max_pool_size;
@@ -425,15 +429,12 @@ int mp_chunks_init(magpool_t *pool) {
   }
   cap &= ~(chunk - 1);
   if (cap < keep) cap = keep;
-  /* Twice the cap in address space: buddy blocks round requests up to a power of two, so
-   * live bytes near the cap need up to twice as much room (address space only). */
+  /* Twice the cap in address space (buddy blocks round requests up to a power of two),
+   * and as much again for runs of chunks (runs.c): the tree has the lower half. */
   size_t va = (size_t)1 << mp_log2_ceil(cap);
   if (va < ((size_t)1 << 45)) va *= 2;
   if (va < chunk) va = chunk;
-  /* And as much again for runs of chunks (runs.c): the tree has the lower
-   * half, large blocks the upper. */
   va *= 2;
-
   mp_chunks *c = calloc(1, sizeof *c);
   pthread_mutex_t *lk = malloc(sizeof *lk);
   int rc = MAGPOOL_ENOMEM;
@@ -464,10 +465,9 @@ int mp_chunks_init(magpool_t *pool) {
   pool->chunks = c;
   rc = mp_runs_init(pool, (uint32_t)(c->n - c->run0));
   if (rc != 0) goto fail_va;
-  /* pool_size is mapped at creation, a chunk each, where lowest-first
-   * placement fills first: MP_KEEP_TREE chunks at the bottom of the
-   * tree's half, the rest at the bottom of the run space, since most of
-   * a pool is large blocks (docs/design.md, "Policy"). */
+  /* pool_size is mapped at creation, a chunk each, where placement fills first:
+   * MP_KEEP_TREE chunks at the bottom of the tree's half, the rest at the
+   * bottom of the run space (most of a pool is large blocks: design.md). */
   uint64_t t = c->keep < MP_KEEP_TREE ? c->keep : MP_KEEP_TREE;
   pthread_mutex_lock(lk);
   rc = t != 0 ? map_window(pool, 0, t, false) : 0;

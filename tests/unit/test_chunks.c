@@ -43,6 +43,12 @@
  *   races::group_unmap_sees_a_late_take      as the second, across a
  *        group: trim stopped with every chunk of the group UNMAPPING, a
  *        take counts another chunk of it: the unmap backs off for all
+ *   chunks::a_row_of_empty_groups_goes_in_one_call   adjacent empty
+ *        groups are unmapped with one source call; a busy group between
+ *        them splits the row
+ *   races::a_row_keeps_a_group_taken_in_its_window   trim stopped with a
+ *        row of three groups UNMAPPING, a take counts the lowest: the row
+ *        unmaps the other two with one call and the take's group stays
  * The first two take a block below a chunk (busy counts by RMW), the
  * group ones a run (run space: busy by stores and one seq_cst fence).
  *
@@ -455,6 +461,7 @@ Test(chunks, a_move_maps_whole_windows_of_what_it_moved_as_one_piece) {
 static struct {
   size_t size[256];
   int n, kept_groups, reused_groups, freed, drops;
+  magpool_t *pool; /* its groups: a piece per mapping of an unmapped row */
 } kp;
 static mp_source_ops keeping;
 
@@ -468,10 +475,13 @@ static bool take_kept(size_t bytes) {
 }
 static int keeping_unmap(void *ctx, void *addr, size_t bytes, int keep) {
   int rc = mp_source_host.unmap(ctx, addr, bytes, keep);
-  if (rc == 0 && keep) {
+  mp_chunks *c = kp.pool->chunks;
+  for (char *a = addr; rc == 0 && keep && a < (char *)addr + bytes;) {
+    size_t len = (size_t)c->glen[(uint64_t)(a - c->base) >> c->shift] * CHUNK;
     cr_assert_lt(kp.n, 256);
-    kp.size[kp.n++] = bytes;
-    kp.kept_groups += bytes > CHUNK;
+    kp.size[kp.n++] = len;
+    kp.kept_groups += len > CHUNK;
+    a += len;
   }
   return rc;
 }
@@ -510,6 +520,7 @@ Test(chunks, a_take_that_moves_leaves_nothing_kept) {
   magpool_t *pool = chunked_pool(2 * MiB, 0);
   mp_pool_set_source_override(NULL);
   cr_assert_eq(pool->src, &keeping);
+  kp.pool = pool;
   enum { N = 48 };
   void *p[N] = {0};
   uint64_t moves0 = mpt_stats(pool).chunk_moves;
@@ -680,6 +691,131 @@ Test(races, group_unmap_sees_a_late_take) {
   cr_assert_eq(chunk_index(pool, t.got), g);
   for (uint64_t k = g; k < g + MP_CHUNK_GROUP; k++)
     cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_MAPPED);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, t.got), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+/* =========================================================== rows */
+
+/* A host source that counts its unmap calls and their chunks. */
+static struct { int calls; size_t bytes; } uc;
+static mp_source_ops counting;
+static int counting_unmap(void *ctx, void *addr, size_t bytes, int keep) {
+  uc.calls++;
+  uc.bytes += bytes;
+  return mp_source_host.unmap(ctx, addr, bytes, keep);
+}
+
+/* A growing pool whose chunk 0 holds a 1 MiB block (*x), and three
+ * adjacent runs of a group each above it (r[0..2], lowest first). */
+static magpool_t *three_groups(void **x, void *r[3]) {
+  counting = mp_source_host;
+  counting.unmap = counting_unmap;
+  mp_pool_set_source_override(&counting);
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  mp_pool_set_source_override(NULL);
+  cr_assert_eq(pool->src, &counting);
+  mp_chunks *c = pool->chunks;
+  *x = magpool_alloc(pool, 1 * MiB);
+  cr_assert_not_null(*x);
+  for (int j = 0; j < 3; j++) {
+    r[j] = magpool_alloc(pool, MP_CHUNK_GROUP * CHUNK);
+    cr_assert_not_null(r[j]);
+  }
+  uint64_t g = chunk_index(pool, r[0]);
+  for (int j = 0; j < 3; j++) {
+    uint64_t k = g + (uint64_t)j * MP_CHUNK_GROUP;
+    cr_assert_eq(chunk_index(pool, r[j]), k, "run %d is not above the one before", j);
+    cr_assert_eq(c->gfirst[k], k);
+    cr_assert_eq(c->glen[k], MP_CHUNK_GROUP, "growth mapped %u chunks as one group", c->glen[k]);
+  }
+  memset(&uc, 0, sizeof uc);
+  return pool;
+}
+
+static void assert_states(magpool_t *pool, uint64_t g, const int mapped[3]) {
+  mp_chunks *c = pool->chunks;
+  for (int j = 0; j < 3; j++)
+    for (uint64_t k = g + (uint64_t)j * MP_CHUNK_GROUP; k < g + (uint64_t)(j + 1) * MP_CHUNK_GROUP;
+         k++)
+      cr_assert_eq(mp_load_relaxed(&c->state[k]), mapped[j] ? MP_CHUNK_MAPPED : MP_CHUNK_UNMAPPED,
+                   "group %d, chunk %lu", j, (unsigned long)(k - g));
+}
+
+/* Trim unmaps a row of adjacent empty groups with one source call (a
+ * driver call costs what a mapping's does; on host pools one mprotect
+ * and madvise); a busy group between two empty ones splits the row. */
+Test(chunks, a_row_of_empty_groups_goes_in_one_call) {
+  void *x, *r[3];
+  magpool_t *pool = three_groups(&x, r);
+  uint64_t g = chunk_index(pool, r[0]);
+  for (int j = 0; j < 3; j++) cr_assert_eq(magpool_free(pool, r[j]), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(uc.calls, 1, "%d unmap calls for a row of three groups", uc.calls);
+  cr_assert_eq(uc.bytes, 3 * MP_CHUNK_GROUP * CHUNK);
+  assert_states(pool, g, (const int[3]){0, 0, 0});
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, CHUNK);
+  cr_assert_eq(magpool_check(pool), 0);
+
+  /* Again, the middle group busy: two rows of one group each. */
+  for (int j = 0; j < 3; j++) {
+    r[j] = magpool_alloc(pool, MP_CHUNK_GROUP * CHUNK);
+    cr_assert_eq(chunk_index(pool, r[j]), g + (uint64_t)j * MP_CHUNK_GROUP);
+  }
+  memset(&uc, 0, sizeof uc);
+  cr_assert_eq(magpool_free(pool, r[0]), 0);
+  cr_assert_eq(magpool_free(pool, r[2]), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(uc.calls, 2, "%d unmap calls for two groups around a busy one", uc.calls);
+  cr_assert_eq(uc.bytes, 2 * MP_CHUNK_GROUP * CHUNK);
+  assert_states(pool, g, (const int[3]){0, 1, 0});
+  memset(r[1], 3, MP_CHUNK_GROUP * CHUNK); /* still mapped */
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, r[1]), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+/* Trim stopped (MP_HOOK_CHUNK_UNMAP) once it has marked all three groups
+ * of a row UNMAPPING, busy counts not re-read; a take of one chunk counts
+ * the row's lowest chunk busy (mapped chunks first, lowest address) and
+ * waits for the lock.  The re-read finds that group busy: the other two
+ * go with one call, the take's group is MAPPED again and the take gets
+ * mapped memory. */
+Test(races, a_row_keeps_a_group_taken_in_its_window) {
+  void *x, *r[3];
+  magpool_t *pool = three_groups(&x, r);
+  mp_chunks *c = pool->chunks;
+  uint64_t g = chunk_index(pool, r[0]);
+  for (int j = 0; j < 3; j++) cr_assert_eq(magpool_free(pool, r[j]), 0);
+  /* Trim looks at the highest chunk first: the lowest group is marked
+   * last, at its last chunk. */
+  race_chunk = c->base + ((g + MP_CHUNK_GROUP - 1) << c->shift);
+  race_point = MP_HOOK_CHUNK_UNMAP;
+  mp_hook_set(race_hook);
+  pthread_t tr, th;
+  pthread_create(&tr, NULL, trim_it, pool);
+  flag_wait(&race_stopped);
+  for (uint64_t k = g; k < g + 3 * MP_CHUNK_GROUP; k++)
+    cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_UNMAPPING, "chunk %lu",
+                 (unsigned long)(k - g));
+  cr_assert_eq(uc.calls, 0, "trim unmapped before re-reading the row");
+  taker t = {pool, NULL, 0, CHUNK};
+  pthread_create(&th, NULL, take_block, &t);
+  while (mp_load_seq_cst(&c->busy[g]) == 0) sched_yield();
+  flag_set(&race_resume);
+  pthread_join(tr, NULL);
+  pthread_join(th, NULL);
+  race_reset();
+  cr_assert_not_null(t.got);
+  cr_assert_eq(chunk_index(pool, t.got), g);
+  cr_assert_eq(uc.calls, 1, "%d unmap calls for the two groups left", uc.calls);
+  cr_assert_eq(uc.bytes, 2 * MP_CHUNK_GROUP * CHUNK);
+  assert_states(pool, g, (const int[3]){1, 0, 0});
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, t.got), 0);
   cr_assert_eq(magpool_free(pool, x), 0);
