@@ -664,24 +664,23 @@ Test(races, group_take_counted_before_unmap) {
   mpt_pool_done(pool);
 }
 
-Test(races, group_unmap_sees_a_late_take) {
-  magpool_t *pool = chunked_pool(2 * MiB, 0);
+/* Trim stopped at race_chunk (MP_HOOK_CHUNK_UNMAP) with chunks [g, g + n)
+ * marked UNMAPPING, busy not re-read; a take of one chunk then counts
+ * chunk g busy (mapped chunks first, lowest address), sees it is not
+ * MAPPED, and waits for the lock the stopped unmap holds; trim goes on.
+ * Returns the take's block, at chunk g. */
+static void *trim_stopped_meets_take(magpool_t *pool, uint64_t g, uint64_t n) {
   mp_chunks *c = pool->chunks;
-  void *x;
-  uint64_t g = empty_group_above(pool, &x);
-  /* Trim looks at the highest chunk first: the group's last. */
-  race_chunk = c->base + ((g + MP_CHUNK_GROUP - 1) << c->shift);
   race_point = MP_HOOK_CHUNK_UNMAP;
   mp_hook_set(race_hook);
   pthread_t tr, th;
   pthread_create(&tr, NULL, trim_it, pool);
-  flag_wait(&race_stopped); /* every chunk of the group UNMAPPING */
-  for (uint64_t k = g; k < g + MP_CHUNK_GROUP; k++)
-    cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_UNMAPPING);
+  flag_wait(&race_stopped);
+  for (uint64_t k = g; k < g + n; k++)
+    cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_UNMAPPING, "chunk %lu",
+                 (unsigned long)(k - g));
   taker t = {pool, NULL, 0, CHUNK};
   pthread_create(&th, NULL, take_block, &t);
-  /* The take counts the group's first chunk busy, sees it is not MAPPED,
-   * and waits for the lock the stopped unmap holds. */
   while (mp_load_seq_cst(&c->busy[g]) == 0) sched_yield();
   flag_set(&race_resume);
   pthread_join(tr, NULL);
@@ -689,10 +688,21 @@ Test(races, group_unmap_sees_a_late_take) {
   race_reset();
   cr_assert_not_null(t.got);
   cr_assert_eq(chunk_index(pool, t.got), g);
+  return t.got;
+}
+
+Test(races, group_unmap_sees_a_late_take) {
+  magpool_t *pool = chunked_pool(2 * MiB, 0);
+  mp_chunks *c = pool->chunks;
+  void *x;
+  uint64_t g = empty_group_above(pool, &x);
+  /* Trim looks at the highest chunk first: the group's last. */
+  race_chunk = c->base + ((g + MP_CHUNK_GROUP - 1) << c->shift);
+  void *got = trim_stopped_meets_take(pool, g, MP_CHUNK_GROUP);
   for (uint64_t k = g; k < g + MP_CHUNK_GROUP; k++)
     cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_MAPPED);
   cr_assert_eq(magpool_check(pool), 0);
-  cr_assert_eq(magpool_free(pool, t.got), 0);
+  cr_assert_eq(magpool_free(pool, got), 0);
   cr_assert_eq(magpool_free(pool, x), 0);
   mpt_assert_all_free(pool);
   mpt_pool_done(pool);
@@ -795,29 +805,12 @@ Test(races, a_row_keeps_a_group_taken_in_its_window) {
   /* Trim looks at the highest chunk first: the lowest group is marked
    * last, at its last chunk. */
   race_chunk = c->base + ((g + MP_CHUNK_GROUP - 1) << c->shift);
-  race_point = MP_HOOK_CHUNK_UNMAP;
-  mp_hook_set(race_hook);
-  pthread_t tr, th;
-  pthread_create(&tr, NULL, trim_it, pool);
-  flag_wait(&race_stopped);
-  for (uint64_t k = g; k < g + 3 * MP_CHUNK_GROUP; k++)
-    cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_UNMAPPING, "chunk %lu",
-                 (unsigned long)(k - g));
-  cr_assert_eq(uc.calls, 0, "trim unmapped before re-reading the row");
-  taker t = {pool, NULL, 0, CHUNK};
-  pthread_create(&th, NULL, take_block, &t);
-  while (mp_load_seq_cst(&c->busy[g]) == 0) sched_yield();
-  flag_set(&race_resume);
-  pthread_join(tr, NULL);
-  pthread_join(th, NULL);
-  race_reset();
-  cr_assert_not_null(t.got);
-  cr_assert_eq(chunk_index(pool, t.got), g);
+  void *got = trim_stopped_meets_take(pool, g, 3 * MP_CHUNK_GROUP);
   cr_assert_eq(uc.calls, 1, "%d unmap calls for the two groups left", uc.calls);
   cr_assert_eq(uc.bytes, 2 * MP_CHUNK_GROUP * CHUNK);
   assert_states(pool, g, (const int[3]){1, 0, 0});
   cr_assert_eq(magpool_check(pool), 0);
-  cr_assert_eq(magpool_free(pool, t.got), 0);
+  cr_assert_eq(magpool_free(pool, got), 0);
   cr_assert_eq(magpool_free(pool, x), 0);
   mpt_assert_all_free(pool);
   mpt_pool_done(pool);
