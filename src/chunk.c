@@ -137,9 +137,9 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n, uint64_t moved) 
 }
 
 /* [a, b), whole groups marked UNMAPPING: re-reads their busy counts (the
- * handshake above), unmaps each row still empty with one source call (one
- * driver call costs about as much as a chunk's: design.md, "What it
- * costs"); the rest is MAPPED again.  Lock held.  Returns chunks unmapped. */
+ * handshake above), unmaps each row still empty with one source call (keep:
+ * for the move's maps, drop_kept frees the rest); a busy group, or a row the
+ * source refuses, is MAPPED again.  Lock held.  Returns the chunks unmapped. */
 static uint64_t unmap_span(magpool_t *pool, uint64_t a, uint64_t b, int keep) {
   mp_chunks *c = pool->chunks;
   uint64_t got = 0;
@@ -148,7 +148,6 @@ static uint64_t unmap_span(magpool_t *pool, uint64_t a, uint64_t b, int keep) {
     for (uint64_t k = g; g < b && k < g + c->glen[g] && !busy; k++)
       busy = mp_load_seq_cst(&c->busy[k]) != 0;
     if (g < b && !busy && (g += c->glen[g])) continue;
-    /* keep: for the move's map of the same length (the rest: drop_kept) */
     bool ok = g > s && pool->src->unmap(pool->src_ctx, c->base + (s << c->shift),
                                         (g - s) << c->shift, keep) == 0;
     uint64_t e = g < b ? g + c->glen[g] : b; /* with the busy group */
@@ -159,6 +158,7 @@ static uint64_t unmap_span(magpool_t *pool, uint64_t a, uint64_t b, int keep) {
     got += ok ? g - s : 0;
     s = g = e;
   }
+  if (got == 0) return 0;
   mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - got);
   mp_fetch_add_relaxed(&c->unmaps, got);
   reserved_add(pool, -(int64_t)got);
