@@ -142,7 +142,16 @@ enum {
                             slots and has not yet counted the close      */
   MP_HOOK_CAPTURE_ASK,   /* arg: the stream; a host stream is asked
                             whether it is being captured (never)         */
+  MP_HOOK_VMM_UNMAP,     /* arg: an mp_hook_unmap; the DEVICE source is
+                            about to unmap one mapping; a test may set
+                            `fail` to fail the call                      */
 };
+/* MP_HOOK_VMM_UNMAP's argument: the mapping's address, and a flag a test
+ * sets to make the driver call fail. */
+typedef struct mp_hook_unmap {
+  void *addr;
+  int fail;
+} mp_hook_unmap;
 typedef void (*mp_hook_fn)(int point, void *arg);
 /* The hook (hook.c); NULL but in tests.  Relaxed: a test sets it before
  * it starts the threads that reach the points. */

@@ -224,18 +224,42 @@ fail:
   return rc;
 }
 
-/* Unmaps the mapping that starts at chunk i of r (gl[i] chunks) and
- * keeps its handle (keep: for the next map of its size) or frees it. */
-static int unmap_one(mp_vmm *v, vrange *r, size_t i, int keep) {
+/* The driver's unmap of the mapping that starts at chunk i of r (a test
+ * may fail it: MP_HOOK_VMM_UNMAP). */
+static CUresult drv_unmap(vrange *r, size_t i) {
+  mp_hook_unmap hk = {(void *)(r->base + (i << r->shift)), 0};
+  MP_HOOK(MP_HOOK_VMM_UNMAP, &hk);
+  if (hk.fail) return CUDA_ERROR_INVALID_VALUE;
+  return drv.unmap(r->base + (i << r->shift), (size_t)r->gl[i] << r->shift);
+}
+
+/* The mapping at chunk i of r, unmapped: its handle kept (keep: for the
+ * next map of its size) or freed. */
+static void unmapped(mp_vmm *v, vrange *r, size_t i, int keep) {
   size_t n = r->gl[i];
-  int rc = cu_err(drv.unmap(r->base + (i << r->shift), n << r->shift));
-  if (rc) return rc;
   for (size_t k = i; k < i + n; k++) r->on[k] = 0;
   r->gl[i] = 0;
   v->n.mapped -= n;
   if (keep) keep_handle(v, r->h[i], n << r->shift, n);
   else drop_handle(v, r->h[i]);
-  return 0;
+}
+
+/* Unmaps the mapping that starts at chunk i of r. */
+static int unmap_one(mp_vmm *v, vrange *r, size_t i, int keep) {
+  int rc = cu_err(drv_unmap(r, i));
+  if (rc == 0) unmapped(v, r, i, keep);
+  return rc;
+}
+
+/* Maps the mapping at chunk i of r back, its handle still held, with
+ * access as before: 0, or -1 (then it stays unmapped). */
+static int remap(const mp_vmm *v, vrange *r, size_t i) {
+  CUdeviceptr a = r->base + (i << r->shift);
+  size_t len = (size_t)r->gl[i] << r->shift;
+  if (drv.map(a, len, 0, r->h[i], 0) != CUDA_SUCCESS) return -1;
+  if (drv.access(a, len, &v->acc, 1) == CUDA_SUCCESS) return 0;
+  (void)drv.unmap(a, len);
+  return -1;
 }
 
 /* Unmaps and frees every mapping of r; returns the first error (0 if none). */
@@ -419,12 +443,15 @@ int mp_vmm_unmap(mp_vmm *v, void *addr, size_t bytes, int keep) {
     if (r->gl[i] == 0 || i + r->gl[i] > end) return MAGPOOL_EINVAL;
   int saved, rc = enter(v, &saved);
   if (rc) return rc;
-  /* One call per mapping.  A failure stops here; the mappings before it
-   * are unmapped, the rest stay mapped. */
-  for (size_t i = i0; i < end;) {
-    size_t n = r->gl[i];
-    if ((rc = unmap_one(v, r, i, keep)) != 0) break;
-    i += n;
+  /* One call per mapping (one over several costs as much), all or none:
+   * after a failure those already unmapped are mapped back, so that the
+   * caller's view (nothing unmapped) stays true.  One that cannot be is
+   * lost (the driver failed twice): its memory is freed. */
+  size_t i = i0;
+  while (i < end && (rc = cu_err(drv_unmap(r, i))) == 0) i += r->gl[i];
+  for (size_t k = i0, n; k < i; k += n) {
+    n = r->gl[k];
+    if (rc == 0 || remap(v, r, k) != 0) unmapped(v, r, k, rc == 0 && keep);
   }
   leave(v, saved);
   return rc;

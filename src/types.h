@@ -72,10 +72,10 @@ typedef struct mp_source_ops {
    * kept memory of exactly its size, else new (all kept freed first).
    * NULL: map only. */
   int (*map_group)(void *ctx, void *addr, size_t bytes);
-  /* Takes the memory of [addr, addr + bytes) away (whole mappings).
-   * keep != 0: each mapping's memory stays with the source for the next
-   * map of its size (a move costs no create) until drop_kept; keep == 0:
-   * it is freed.  drop_kept (NULL: nothing is ever kept) frees what is
+  /* Takes the memory of [addr, addr + bytes) away (whole mappings; all or
+   * none).  keep != 0: each mapping's memory stays with the source for the
+   * next map of its size (a move costs no create) until drop_kept; keep ==
+   * 0: it is freed.  drop_kept (NULL: nothing is ever kept) frees what is
    * kept, at the end of each move: none is held and uncounted. */
   int (*unmap)(void *ctx, void *addr, size_t bytes, int keep);
   void (*drop_kept)(void *ctx);

@@ -8,7 +8,9 @@
  * elsewhere with the kept memory (no create: the source's counters say
  * so), written and read; a group of 4 kept and mapped elsewhere (no
  * create), a kept group a one-chunk map leaves alone freed by drop_kept;
- * unmap without keep frees; bad input (unaligned,
+ * unmap without keep frees; an unmap of three mappings whose third
+ * driver call fails (MP_HOOK_VMM_UNMAP) leaves all three mapped with their
+ * bytes and the counters as they were; bad input (unaligned,
  * outside the range, already mapped, not mapped, zero, a run over the
  * end) answers MAGPOOL_EINVAL and changes no counter; va_release with
  * chunks still mapped and kept frees them all (the device's free memory
@@ -199,6 +201,40 @@ static void check_groups(const mp_source_ops *ops, void *ctx, char *base, size_t
   EXPECT(ops->unmap(ctx, g1, chunk, 0) == 0, "%s: unmap the chunk", ops->name);
 }
 
+/* An unmap over three one-chunk mappings whose third driver call fails
+ * (the hook fails it) is all or none: the two unmapped first are mapped
+ * back, every byte and counter as before, and the run works and unmaps
+ * afterwards. */
+static char *fail_at;
+static void fail_hook(int point, void *arg) {
+  if (point == MP_HOOK_VMM_UNMAP && ((mp_hook_unmap *)arg)->addr == fail_at)
+    ((mp_hook_unmap *)arg)->fail = 1;
+}
+static void check_unmap_all_or_none(const mp_source_ops *ops, void *ctx, char *base,
+                                    size_t chunk) {
+  char *r3 = base + 400 * chunk;
+  REQUIRE(ops->map(ctx, r3, 3 * chunk) == 0, "%s: map a row of 3", ops->name);
+  check_fill("row of 3", r3, 3 * chunk, 0x69);
+  mp_chunk_counts c0 = counts(ctx), c;
+  fail_at = r3 + 2 * chunk;
+  mp_hook_set(fail_hook);
+  int rc = ops->unmap(ctx, r3, 3 * chunk, 1);
+  mp_hook_set(NULL);
+  EXPECT(rc == MAGPOOL_ECUDA, "%s: an unmap whose third call fails: rc %d", ops->name, rc);
+  c = counts(ctx);
+  EXPECT(same_counts(&c, &c0), "%s: a failed unmap changed the counters: mapped %llu kept %llu",
+         ops->name, (unsigned long long)c.mapped, (unsigned long long)c.kept);
+  unsigned long long bad = 0;
+  KK(vmm_kernel_count(r3, 3 * chunk, 0x69, &bad));
+  EXPECT(bad == 0, "%s: %llu bytes lost by a failed unmap", ops->name, bad);
+  check_fill("row of 3 after a failed unmap", r3, 3 * chunk, 0x96);
+  EXPECT(ops->unmap(ctx, r3, 3 * chunk, 0) == 0, "%s: unmap the row", ops->name);
+  c = counts(ctx);
+  EXPECT(c.mapped == c0.mapped - 3 && c.releases == c0.releases + 3,
+         "%s: after the row's unmap: mapped %llu releases %llu", ops->name,
+         (unsigned long long)c.mapped, (unsigned long long)c.releases);
+}
+
 /* A whole region of 4 MiB: reserved, filled and checked with `check`,
  * released. */
 static void check_region(const mp_source_ops *ops, void *ctx,
@@ -300,6 +336,7 @@ static int run_source(const mp_source_ops *ops) {
          ops->name, (unsigned long long)c.creates, (unsigned long long)c.reuses);
   check_fill("refilled run", run, 3 * chunk, 0x77);
   check_groups(ops, ctx, base, chunk);
+  check_unmap_all_or_none(ops, ctx, base, chunk);
   /* One more kept, so that va_release finds both mapped and kept memory. */
   EXPECT(ops->unmap(ctx, run, chunk, 1) == 0, "%s: keep first", ops->name);
 
