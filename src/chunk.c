@@ -50,8 +50,7 @@
 
 /* Chunks the budget allows beyond the busy high-water mark, at least. */
 #define MP_CHUNK_SLACK_MIN 8
-/* Whole chunks a fixed pool_size (not whole chunks) is rounded down to,
- * at least; below, whole regions (mp_chunks_init). */
+/* Chunks a fixed pool_size rounds down to, at least; below, whole regions. */
 #define MP_ROUND_DOWN_MIN 64
 
 static inline pthread_mutex_t *lock_of(mp_chunks *c) { return c->lock; }
@@ -136,18 +135,21 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n, uint64_t moved) 
   return 0;
 }
 
-/* [a, b), whole groups marked UNMAPPING: re-reads their busy counts (the
- * handshake above), unmaps each row still empty with one source call (keep:
- * for the move's maps, drop_kept frees the rest); a busy group, or a row the
- * source refuses, is MAPPED again.  Lock held.  Returns the chunks unmapped. */
+/* Group g (its first chunk) busy: seq_cst loads, the handshake's re-read. */
+static bool group_busy(const mp_chunks *c, uint64_t g) {
+  for (uint64_t k = g; k < g + c->glen[g]; k++)
+    if (mp_load_seq_cst(&c->busy[k]) != 0) return true;
+  return false;
+}
+
+/* [a, b), whole groups marked UNMAPPING: unmaps each row group_busy finds empty with one
+ * source call (keep: for the move's maps, drop_kept frees the rest); a busy group, or a row
+ * the source refuses, is MAPPED again.  Lock held.  Returns the chunks unmapped. */
 static uint64_t unmap_span(magpool_t *pool, uint64_t a, uint64_t b, int keep) {
   mp_chunks *c = pool->chunks;
   uint64_t got = 0;
-  for (uint64_t g = a, s = a; s < b;) { /* [s, g): empty so far */
-    bool busy = false;
-    for (uint64_t k = g; g < b && k < g + c->glen[g] && !busy; k++)
-      busy = mp_load_seq_cst(&c->busy[k]) != 0;
-    if (g < b && !busy && (g += c->glen[g])) continue;
+  for (uint64_t g = a, s = a; s < b;) { /* [s, g): empty, then g busy (or b) */
+    while (g < b && !group_busy(c, g)) g += c->glen[g];
     bool ok = g > s && pool->src->unmap(pool->src_ctx, c->base + (s << c->shift),
                                         (g - s) << c->shift, keep) == 0;
     uint64_t e = g < b ? g + c->glen[g] : b; /* with the busy group */
@@ -176,15 +178,14 @@ static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t w
     uint64_t sa = 0, sb = 0, marked = 0, before = got; /* the marked row [sa, sb) */
     for (uint64_t wi = (hi - 1) / 64 + 1; wi-- > lo / 64 && got + (sb - sa) < want;)
       for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && got + (sb - sa) < want;) {
-        uint64_t i = wi * 64 + 63 - mp_clz64(w), g = c->gfirst[i], n = c->glen[g], k = g;
+        uint64_t i = wi * 64 + 63 - mp_clz64(w), g = c->gfirst[i], n = c->glen[g];
         w &= ~((uint64_t)1 << (i % 64));
         if (i < lo || i >= hi || mp_load_relaxed(&c->state[i]) != MP_CHUNK_MAPPED ||
-            mp_load_relaxed(&c->nmapped) < floor + n + (sb - sa))
+            mp_load_relaxed(&c->nmapped) < floor + n + (sb - sa) || group_busy(c, g))
           continue;
-        while (k < g + n && mp_load_relaxed(&c->busy[k]) == 0) k++;
-        if (k < g + n) continue;
         if (g + n != sa) got += unmap_span(pool, sa, sb, keep), sb = g + n; /* a new row */
-        for (sa = g, k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPING);
+        sa = g;
+        for (uint64_t k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPING);
         marked += n;
         MP_HOOK(MP_HOOK_CHUNK_UNMAP, c->base + (i << c->shift));
       }
@@ -222,12 +223,11 @@ static bool returning_covers(const magpool_t *pool, size_t bytes) {
   return r > 0 && (size_t)r >= bytes;
 }
 
-/* Makes room for n more mapped chunks under the budget, by unmapping
- * empty ones (kept for the map that follows: a move).  Creating memory
- * beyond what is mapped is refused with MP_EGROW unless `grow`, while
- * stream frees on their way back could cover the run: the caller waits
- * for them first (pool.c's ladder).  (A take with MP_TAKE_NOMOVE never
- * gets here over the budget: mp_chunks_acquire refuses it.)  Lock held. */
+/* Makes room for n more mapped chunks under the budget, by unmapping empty ones (kept for
+ * the map that follows: a move).  Creating memory beyond what is mapped is refused with
+ * MP_EGROW unless `grow`, while stream frees on their way back could cover the run: the
+ * caller waits for them first (pool.c's ladder).  (A take with MP_TAKE_NOMOVE never gets
+ * here over the budget: mp_chunks_acquire refuses it.)  Lock held. */
 static int make_room(magpool_t *pool, uint64_t n, int grow) {
   mp_chunks *c = pool->chunks;
   if (mp_load_relaxed(&c->nmapped) + n <= budget(c))
