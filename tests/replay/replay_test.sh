@@ -30,7 +30,8 @@
 # cap: gpt2_generate on a HOST pool, sync and async, 2 passes, with
 #   --cap at what cudaMalloc reserved for it on the H200 + 2 %: every pass
 #   completes (a capped pool maps a chunk each, so that every empty chunk
-#   can move: docs/design.md).
+#   can move: docs/design.md); moe_train_varlen, recorded after magpool
+#   was tuned, the same at its cap (5,960,105,984 B on the H200 + 2 %).
 # threads: --threads (a thread per trace stream) on a HOST pool, sync and
 #   async, 2 passes: with --window 0 (the trace's order, one event at a
 #   time) every pass of tiny.trace completes with peak_live = 537813, and
@@ -179,6 +180,12 @@ cap)
       [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
       [ "$(field peak_reserved "$line")" -le 827829780 ] || echo "FAIL: over the cap: $line"
     done | grep FAIL && fail "gpt2_generate under the cap, $m"
+    run "$dir/moe_train_varlen.trace.gz" --kind host --mode "$m" --passes 2 --cap 6079308104
+    check_lines 2
+    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+      [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
+      [ "$(field peak_reserved "$line")" -le 6079308104 ] || echo "FAIL: over the cap: $line"
+    done | grep FAIL && fail "moe_train_varlen under the cap, $m"
   done
   ;;
 threads)

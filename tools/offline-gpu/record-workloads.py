@@ -21,6 +21,15 @@ sizes, steps and lengths come from a fixed seed.
                       steps of batch 32 at a random length of 64..512
   gpt2_serve_threads  4 threads, each on its own stream, GPT-2 (6 layers)
                       forward passes of batch 1..32 x 32..512 tokens, no grad
+  vit_train_varbatch  ViT (6 layers, 384 wide) image classification, AdamW,
+                      bf16 autocast, 16 steps at a random batch of 8..96
+  t5_beam_generate    T5 (6 + 6 layers) beam search (4 beams), its KV cache
+                      reordered every token: 6 requests of batch 1..8,
+                      inputs of 32..256 tokens, 32..96 new tokens
+  moe_train_varlen    a Mixtral-style decoder (4 layers, 8 experts, 2 a
+                      token), AdamW, bf16 autocast, 12 steps of batch 8 at
+                      a random length of 64..1024: the experts' batches
+                      change size at every layer of every step
 Exit 77 when PyTorch with CUDA or transformers is missing."""
 import os
 import random
@@ -28,7 +37,8 @@ import subprocess
 import sys
 import time
 
-WORKLOADS = ["llama_train_varlen", "gpt2_generate", "bert_varlen_train", "gpt2_serve_threads"]
+WORKLOADS = ["llama_train_varlen", "gpt2_generate", "bert_varlen_train", "gpt2_serve_threads",
+             "vit_train_varbatch", "t5_beam_generate", "moe_train_varlen"]
 
 
 def train(torch, dev, model, lr, steps, batch):
@@ -99,6 +109,43 @@ def gpt2_serve_threads(torch, dev, rng):
         t.start()
     for t in threads:
         t.join()
+
+
+def vit_train_varbatch(torch, dev, rng):
+    from transformers import ViTConfig, ViTForImageClassification
+    cfg = ViTConfig(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=6,
+                    num_attention_heads=6, intermediate_size=1536, num_labels=100)
+    def batch():
+        b = rng.randint(8, 96)
+        return {"pixel_values": torch.randn(b, 3, 224, 224, device=dev),
+                "labels": torch.randint(0, 100, (b,), device=dev)}
+    train(torch, dev, ViTForImageClassification(cfg).to(dev), 1e-4, 16, batch)
+
+
+def t5_beam_generate(torch, dev, rng):
+    from transformers import T5Config, T5ForConditionalGeneration
+    cfg = T5Config(d_model=512, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8,
+                   vocab_size=32128, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(cfg).to(dev).eval()
+    with torch.no_grad():
+        for _ in range(6):
+            b, p, n = rng.randint(1, 8), rng.randint(32, 256), rng.randint(32, 96)
+            ids = torch.randint(2, 32128, (b, p), device=dev)
+            model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=4,
+                           max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            torch.cuda.synchronize(dev)
+
+
+def moe_train_varlen(torch, dev, rng):
+    from transformers import MixtralConfig, MixtralForCausalLM
+    cfg = MixtralConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024,
+                        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                        num_local_experts=8, num_experts_per_tok=2,
+                        max_position_embeddings=2048)
+    def batch():
+        ids = torch.randint(0, cfg.vocab_size, (8, 64 * rng.randint(1, 16)), device=dev)
+        return {"input_ids": ids, "labels": ids}
+    train(torch, dev, MixtralForCausalLM(cfg).to(dev), 1e-4, 12, batch)
 
 
 def child(name, path):
