@@ -35,14 +35,13 @@ MP_INLINE int memo_get(magpool_t *pool, mp_tcache *tc, magpool_stream_t s, mp_ss
  * record may return its caches after a trim, and a call that fails must
  * leave the pool as it was.  A stream the thread's memo names (record of
  * this pool, slot open) is known good; any other is asked about (capture,
- * id), and *asked says so. */
+ * id), and *asked (unless NULL) says so. */
 static int stream_precheck(magpool_t *pool, magpool_stream_t s, bool *asked) {
   mp_tcache *tc = mp_tls_last;
-  *asked = false;
-  if (tc != NULL && tc->pool == pool && tc->uid == pool->uid && tc->s_slot != NULL &&
-      tc->s_handle == s && !mp_revoke_closed(&tc->s_slot->rv))
-    return 0;
-  *asked = true;
+  bool known = tc != NULL && tc->pool == pool && tc->uid == pool->uid && tc->s_slot != NULL &&
+               tc->s_handle == s && !mp_revoke_closed(&tc->s_slot->rv);
+  if (asked != NULL) *asked = !known;
+  if (known) return 0;
   int cap = mp_capture_rc(pool, s);
   if (cap != 0) return cap;
   uint64_t sid;
@@ -64,8 +63,7 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
     if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
     return mp_alloc_order(pool, tc, order, size, 0);
   }
-  bool asked;
-  int rc = stream_precheck(pool, s, &asked);
+  int rc = stream_precheck(pool, s, NULL);
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
   if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
   rc = memo_get(pool, tc, s, &sl);
