@@ -264,7 +264,15 @@ typedef struct magpool_config {
                                 0 keeps the footprint lower: 1.064-1.079
                                 against 1.078-1.121 on synthetic 4-64
                                 stream traces, no change on the shipped
-                                training and serving traces).
+                                training and serving traces).  With 0,
+                                blocks of a 64th of a chunk to half a
+                                chunk also go into the fullest busy
+                                chunk that has room for them, not the
+                                lowest free address, so that sparse
+                                chunks empty and can move (a look at up
+                                to 1,024 chunks' counts on each such
+                                take from the shared tree; cache hits
+                                are unchanged).
                                 Default -1: 0 with a max_pool_size, else
                                 1.  Other values: MAGPOOL_EINVAL at
                                 create                                   */

@@ -105,8 +105,8 @@ static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   uint64_t end = a + n;
   if (end > c->run0) {
     if (end > mp_load_relaxed(&c->run_top)) mp_store_relaxed(&c->run_top, end);
-  } else if (end > c->tree_top) {
-    c->tree_top = end;
+  } else if (end > mp_load_relaxed(&c->tree_top)) {
+    mp_store_relaxed(&c->tree_top, end);
   }
   mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) + n);
   mp_fetch_add_relaxed(&c->maps, n);
@@ -201,7 +201,7 @@ static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t w
 static uint64_t unmap_highest(magpool_t *pool, uint64_t want, int keep, uint64_t floor) {
   mp_chunks *c = pool->chunks;
   uint64_t got = unmap_down(pool, c->run0, mp_load_relaxed(&c->run_top), want, keep, floor);
-  return got >= want ? got : got + unmap_down(pool, 0, c->tree_top, want - got, keep, floor);
+  return got >= want ? got : got + unmap_down(pool, 0, mp_load_relaxed(&c->tree_top), want - got, keep, floor);
 }
 
 /* Empty mapped chunks, counted up to `enough`.  Lock held. */

@@ -218,6 +218,45 @@ static int64_t prefer_mapped(magpool_t *pool, mp_region *r, int64_t off, unsigne
   return off;
 }
 
+/* Fullest first: the busy chunks of the tree's half a pack tries, and the
+ * chunks it looks at, from the lowest. */
+#define MP_PACK_TRIES 4
+#define MP_PACK_SCAN 1024
+
+/* On a chunked pool without chunk groups (one with a max_pool_size, where
+ * footprint comes first): a block of a 64th of a chunk to half a chunk
+ * goes into the fullest busy chunk of the tree's half that has a free
+ * block for it, not where the tree's lowest address would put it, so that
+ * sparse chunks empty and can move (t5_beam_generate's capped async pass:
+ * docs/benchmarks.md, 2026-12-03 evening).  The busy counts and the
+ * bitmap words are hints (relaxed, acquire); mp_tree_claim_at's CAS
+ * decides.  -1: none (the caller asks the tree). */
+static int64_t pack_pick(magpool_t *pool, mp_region *r, unsigned order) {
+  mp_chunks *c = pool->chunks;
+  unsigned cord = c->shift - pool->min_shift;
+  if (pool->cfg.chunk_groups || order >= cord || cord - order > 6 || r != pool->regions[0])
+    return -1;
+  uint64_t per = (uint64_t)1 << cord, need = (uint64_t)1 << order;
+  uint64_t top = mp_load_relaxed(&c->tree_top);
+  uint64_t cand[MP_PACK_TRIES];
+  uint32_t cb[MP_PACK_TRIES];
+  unsigned n = 0;
+  for (uint64_t ch = 0; ch < top && ch < MP_PACK_SCAN; ch++) {
+    uint32_t b = mp_load_relaxed(&c->busy[ch]);
+    if (b == 0 || per - b < need) continue; /* empty, or too full for it */
+    /* Insert into the fullest MP_PACK_TRIES, fullest first. */
+    unsigned k = n < MP_PACK_TRIES ? n++ : MP_PACK_TRIES;
+    for (; k > 0 && cb[k - 1] < b; k--)
+      if (k < MP_PACK_TRIES) cand[k] = cand[k - 1], cb[k] = cb[k - 1];
+    if (k < MP_PACK_TRIES) cand[k] = ch, cb[k] = b;
+  }
+  for (unsigned i = 0; i < n; i++) {
+    int64_t off = mp_tree_find_in(&r->tree, cand[i] * per, cord, order);
+    if (off >= 0 && (off = mp_tree_claim_at(&r->tree, (uint64_t)off, order)) >= 0) return off;
+  }
+  return -1;
+}
+
 static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow,
                   bool run_ok) {
   if (run_ok && pool->chunks != NULL && mp_run_order(pool, order))
@@ -226,7 +265,8 @@ static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int 
   for (unsigned i = 0; i < n; i++) {
     mp_region *r = pool->regions[i];
     if (order > r->tree.top) continue;
-    int64_t off = mp_tree_alloc(&r->tree, order);
+    int64_t off = pool->chunks != NULL ? pack_pick(pool, r, order) : -1;
+    if (off < 0) off = mp_tree_alloc(&r->tree, order);
     if (off >= 0) {
       if (pool->chunks != NULL) off = prefer_mapped(pool, r, off, order);
       char *p = r->base + ((size_t)off << pool->min_shift);

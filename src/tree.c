@@ -256,6 +256,19 @@ int64_t mp_tree_claim_at(mp_tree *t, uint64_t off, unsigned order) {
   return -1;
 }
 
+int64_t mp_tree_find_in(const mp_tree *t, uint64_t lo, unsigned span, unsigned order) {
+  for (unsigned p = order; p < span && p <= t->top; p++) {
+    uint64_t nb = (uint64_t)1 << (span - p), i = lo >> p;
+    if (nb > 64) continue; /* finer than a word: not looked at */
+    uint64_t mask = nb == 64 ? ~(uint64_t)0 : ((((uint64_t)1 << nb) - 1) << (i % 64));
+    /* ACQUIRE, as every first read before a claim: only a candidate,
+     * which mp_tree_claim_at's CAS validates. */
+    uint64_t w = mp_load_acquire(&t->level[p].layer[0][i / 64]) & mask;
+    if (w != 0) return (int64_t)(((i / 64) * 64 + mp_ctz64(w)) << p);
+  }
+  return -1;
+}
+
 void mp_tree_release(mp_tree *t, uint64_t off, unsigned order) {
   level_set(&t->level[order], off >> order);
 }

@@ -66,6 +66,11 @@ int64_t mp_tree_alloc(mp_tree *t, unsigned order);
  * halves that do not hold off are freed.  Returns off, or -1 (nothing
  * changed).  ACQUIRE, as mp_tree_alloc. */
 int64_t mp_tree_claim_at(mp_tree *t, uint64_t off, unsigned order);
+/* A hint for mp_tree_claim_at: the lowest free block of order `order` or
+ * more, below `span`, inside the aligned range [lo, lo + 2^span) (orders
+ * at least span - 6 only: a word of bits each), smallest order first; its
+ * offset, or -1.  Changes nothing. */
+int64_t mp_tree_find_in(const mp_tree *t, uint64_t lo, unsigned span, unsigned order);
 
 /* Gives back block (off, order): sets its bit only (lazy coalescing).
  * RELEASE: the caller's writes to the block happen before a later claim. */

@@ -223,8 +223,8 @@ typedef struct mp_chunks {
   _Atomic uint64_t nbusy;
   _Atomic uint64_t hwm;     /* high-water mark of nbusy                 */
   _Atomic uint64_t maps, unmaps, moves;
-  uint64_t tree_top;        /* under lock: above every mapped chunk of
-                               the lower half                           */
+  _Atomic uint64_t tree_top; /* written under lock: above every mapped
+                               chunk of the lower half (region.c reads it) */
   _Atomic uint64_t run_top; /* above every mapped chunk of the run
                                space (written under lock)               */
   uint64_t run0;            /* first chunk of the run space (upper half) */

@@ -3,7 +3,7 @@
  *   magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]
  *                  [--pool-mb M] [--exit-every N] [--churn]
  *                  [--destroy-rounds R] [--grow-from G] [--large-async]
- *                  [--cross-reuse]
+ *                  [--cross-reuse] [--no-groups]
  *
  * --cross-reuse: the pool's cross_stream_reuse is set, so an async request
  * at a new peak (with --grow-from) may take runs other streams fenced,
@@ -17,7 +17,9 @@
  * --grow-from G: the pool starts at G MiB and grows up to M (max_pool_size),
  * so chunks are mapped by growth (in groups: chunk_groups = 1, which a cap
  * otherwise turns off) and unmapped by moves; the end
- * check then wants G MiB reserved after trim.
+ * check then wants G MiB reserved after trim.  With --no-groups,
+ * chunk_groups is 0, as a cap makes it by default: a chunk each, and tree
+ * blocks placed in the fullest busy chunk (region.c, pack_pick).
  *
  * T worker slots each run a thread that, until time is up, allocates blocks
  * of random sizes (log-uniform, 64 B .. 1 MiB; with --streams, 1 in 32
@@ -267,6 +269,7 @@ static struct {
   bool churn;
   bool large_async; /* --large-async */
   bool cross_reuse; /* --cross-reuse */
+  bool no_groups;   /* --no-groups */
   unsigned destroy_rounds;
 } g_opt;
 
@@ -1132,7 +1135,7 @@ static void usage(FILE *f) {
           "usage: magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]\n"
           "                      [--pool-mb M] [--exit-every N] [--churn]\n"
           "                      [--destroy-rounds R] [--grow-from G] [--large-async]\n"
-          "                      [--cross-reuse]\n"
+          "                      [--cross-reuse] [--no-groups]\n"
           "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n"
           "--churn (needs K > 0): K more streams, handed from worker to worker,\n"
           "released, destroyed and created anew while the workers run\n"
@@ -1142,7 +1145,9 @@ static void usage(FILE *f) {
           "(chunks mapped by growth, in groups, and unmapped by moves)\n"
           "--large-async: large requests (1 to 4 MiB) always on the stream\n"
           "--cross-reuse: cross_stream_reuse on (a stream at a new peak takes\n"
-          "runs other streams freed, after waiting for them)\n",
+          "runs other streams freed, after waiting for them)\n"
+          "--no-groups (with --grow-from): chunk_groups 0, the cap's default\n"
+          "(a chunk each; tree blocks into the fullest busy chunk)\n",
           DEFAULT_THREADS, DEFAULT_SECONDS, DEFAULT_SEED, DEFAULT_POOL_MB,
           DEFAULT_EXIT_EVERY);
 }
@@ -1183,6 +1188,9 @@ static void parse_args(int argc, char **argv) {
     } else if (strcmp(a, "--cross-reuse") == 0) {
       g_opt.cross_reuse = true;
       continue;
+    } else if (strcmp(a, "--no-groups") == 0) {
+      g_opt.no_groups = true;
+      continue;
     } else if (strcmp(a, "--threads") == 0) {
       ok = parse_u64(v, 1, 1024, &x);
       g_opt.threads = (unsigned)x;
@@ -1222,6 +1230,11 @@ static void parse_args(int argc, char **argv) {
   if (g_opt.grow_from_mb != 0 &&
       (g_opt.grow_from_mb > g_opt.pool_mb || g_opt.grow_from_mb % 2 != 0 || g_opt.pool_mb % 2 != 0)) {
     fprintf(stderr, "magpool-stress: --grow-from G needs G <= M, both even (2 MiB chunks)\n");
+    usage(stderr);
+    exit(2);
+  }
+  if (g_opt.no_groups && g_opt.grow_from_mb == 0) {
+    fprintf(stderr, "magpool-stress: --no-groups needs --grow-from G\n");
     usage(stderr);
     exit(2);
   }
@@ -1315,7 +1328,9 @@ static void setup(slot *ms) {
     cfg.pool_size = g_opt.grow_from_mb << 20;
     cfg.allow_growth = 1;
     cfg.max_pool_size = g_opt.pool_mb << 20;
-    cfg.chunk_groups = 1; /* groups under the cap too: their races are the test */
+    /* Groups under the cap too (their races are the test), unless
+     * --no-groups asks for the cap's default. */
+    cfg.chunk_groups = g_opt.no_groups ? 0 : 1;
   }
   if (g_opt.cross_reuse) cfg.cross_stream_reuse = 1;
   int rc = magpool_create(&cfg, &g_pool);

@@ -42,6 +42,9 @@
 #   tsan-stress-crossreuse  magpool-stress --cross-reuse --grow-from 16
 #                 --pool-mb 512 (streams at a new peak take runs others
 #                 fenced, after waiting for them) under TSan
+#   tsan-stress-nogroups  magpool-stress --grow-from 16 --pool-mb 64
+#                 --no-groups (a capped pool's default: a chunk each, tree
+#                 blocks into the fullest busy chunk) under TSan
 #   asan-build    build-asan/, ASan + UBSan, CUDA off, everything
 #   asan-ctest    every test (Criterion, stress, bench smoke) under
 #                 ASan + UBSan
@@ -288,6 +291,9 @@ if [[ $quick -eq 0 ]]; then
   # cross_stream_reuse: adoption at new peaks (a few dozen in 15 s).
   step tsan-stress-crossreuse "magpool-stress, cross_stream_reuse on, tsan" \
     stress_run tsan --threads 4 --seconds 15 --seed 4 --streams 4 --large-async --grow-from 16 --pool-mb 512 --cross-reuse
+  # chunk_groups 0 (a cap's default): chunks a piece each, packing.
+  step tsan-stress-nogroups "magpool-stress, chunk_groups 0, tsan" \
+    stress_run tsan --threads 4 --seconds 15 --seed 5 --streams 4 --large-async --grow-from 16 --pool-mb 64 --no-groups
   step asan-build "build everything with ASan + UBSan (CUDA off)" asan_build
   step asan-ctest "run every test under ASan + UBSan" run_ctest "$b-asan"
   step fuzz "build the libFuzzer harness with clang and fuzz for ${FUZZ_SECONDS:-60} s" fuzz_step

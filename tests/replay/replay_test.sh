@@ -31,7 +31,9 @@
 #   --cap at what cudaMalloc reserved for it on the H200 + 2 %: every pass
 #   completes (a capped pool maps a chunk each, so that every empty chunk
 #   can move: docs/design.md); moe_train_varlen, recorded after magpool
-#   was tuned, the same at its cap (5,960,105,984 B on the H200 + 2 %).
+#   was tuned, the same at its cap (5,960,105,984 B on the H200 + 2 %), and
+#   t5_beam_generate at its (597,688,320 B + 2 %: a capped pool packs its
+#   tree blocks into the fullest chunks, region.c).
 # threads: --threads (a thread per trace stream) on a HOST pool, sync and
 #   async, 2 passes: with --window 0 (the trace's order, one event at a
 #   time) every pass of tiny.trace completes with peak_live = 537813, and
@@ -186,6 +188,12 @@ cap)
       [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
       [ "$(field peak_reserved "$line")" -le 6079308104 ] || echo "FAIL: over the cap: $line"
     done | grep FAIL && fail "moe_train_varlen under the cap, $m"
+    run "$dir/t5_beam_generate.trace.gz" --kind host --mode "$m" --passes 2 --cap 609642086
+    check_lines 2
+    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+      [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
+      [ "$(field peak_reserved "$line")" -le 609642086 ] || echo "FAIL: over the cap: $line"
+    done | grep FAIL && fail "t5_beam_generate under the cap, $m"
   done
   ;;
 threads)

@@ -34,6 +34,9 @@
  *        growth maps a chunk each: a run freed and then partly reused
  *        leaves empty chunks that a take at the cap can still move; with
  *        chunk_groups = 1 the same pool maps groups again
+ *   chunks::a_capped_pool_packs_tree_blocks_into_the_fullest_chunk
+ *        under max_pool_size a tree block goes to the fullest busy chunk
+ *        with room; uncapped, to the tree's lowest free block
  *   chunks::the_budget_maps_within_its_slack_before_moving   a take
  *        below the high-water mark that needs new chunks maps them, not
  *        moves, while the pool stays within the mark plus 1.5 % of it
@@ -596,6 +599,46 @@ Test(chunks, a_capped_pool_can_move_every_empty_chunk) {
                "chunk_groups = 1: growth of 4 chunks is one group");
   cr_assert_eq(magpool_free(pool, x), 0);
   cr_assert_eq(magpool_destroy(pool), 0);
+}
+
+/* Tree blocks of a capped pool go to the fullest busy chunk (region.c,
+ * pack_pick).  Chunk A and chunk B each hold four 512 KiB blocks; three
+ * go from A and one from B, which leaves free blocks in both.  The next
+ * 512 KiB request goes to B, three quarters busy, where the tree's lowest
+ * address would have put it in A, a quarter busy; on an uncapped pool
+ * (chunk groups, speed first) it still goes to A.  Returns whether it went
+ * to B. */
+static bool packed_take(size_t max) {
+  magpool_t *pool = chunked_pool(4 * MiB, max);
+  cr_assert_eq(pool->cfg.chunk_groups, max == 0);
+  void *a[4], *b[4];
+  for (unsigned i = 0; i < 4; i++) a[i] = magpool_alloc(pool, 512 * KiB);
+  for (unsigned i = 0; i < 4; i++) b[i] = magpool_alloc(pool, 512 * KiB);
+  uint64_t ca = chunk_index(pool, a[0]), cb = chunk_index(pool, b[0]);
+  for (unsigned i = 0; i < 4; i++) {
+    cr_assert(a[i] != NULL && b[i] != NULL);
+    cr_assert_eq(chunk_index(pool, a[i]), ca, "a%u is not in a0's chunk", i);
+    cr_assert_eq(chunk_index(pool, b[i]), cb, "b%u is not in b0's chunk", i);
+  }
+  cr_assert_lt(ca, cb, "the test needs A below B");
+  for (unsigned i = 0; i < 3; i++) cr_assert_eq(magpool_free(pool, a[i]), 0);
+  cr_assert_eq(magpool_free(pool, b[0]), 0);
+  void *x = magpool_alloc(pool, 512 * KiB);
+  cr_assert_not_null(x);
+  uint64_t cx = chunk_index(pool, x);
+  cr_assert(cx == ca || cx == cb, "x in chunk %lu, neither A (%lu) nor B (%lu)",
+            (unsigned long)cx, (unsigned long)ca, (unsigned long)cb);
+  memset(x, 0x5a, 512 * KiB);
+  cr_assert_eq(magpool_check(pool), 0);
+  void *live[] = {a[3], b[1], b[2], b[3], x};
+  for (unsigned i = 0; i < 5; i++) cr_assert_eq(magpool_free(pool, live[i]), 0);
+  mpt_pool_done(pool);
+  return cx == cb;
+}
+
+Test(chunks, a_capped_pool_packs_tree_blocks_into_the_fullest_chunk) {
+  cr_assert(packed_take(64 * MiB), "capped: the block went to the emptier chunk");
+  cr_assert(!packed_take(0), "uncapped: the block went to the fuller chunk, not the lowest");
 }
 
 /* The budget's slack (chunk.c): max(8 chunks, 1.5 % of the high-water
