@@ -175,25 +175,19 @@ footprint)
   done
   ;;
 cap)
+  # capped NAME CAP MODE: both passes of NAME complete within CAP bytes.
+  capped() {
+    run "$dir/$1.trace.gz" --kind host --mode "$3" --passes 2 --cap "$2"
+    check_lines 2
+    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+      [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
+      [ "$(field peak_reserved "$line")" -le "$2" ] || echo "FAIL: over the cap: $line"
+    done | grep FAIL && fail "$1 under the cap, $3"
+  }
   for m in sync async; do
-    run "$dir/gpt2_generate.trace.gz" --kind host --mode "$m" --passes 2 --cap 827829780
-    check_lines 2
-    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
-      [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
-      [ "$(field peak_reserved "$line")" -le 827829780 ] || echo "FAIL: over the cap: $line"
-    done | grep FAIL && fail "gpt2_generate under the cap, $m"
-    run "$dir/moe_train_varlen.trace.gz" --kind host --mode "$m" --passes 2 --cap 6079308104
-    check_lines 2
-    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
-      [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
-      [ "$(field peak_reserved "$line")" -le 6079308104 ] || echo "FAIL: over the cap: $line"
-    done | grep FAIL && fail "moe_train_varlen under the cap, $m"
-    run "$dir/t5_beam_generate.trace.gz" --kind host --mode "$m" --passes 2 --cap 609642086
-    check_lines 2
-    printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
-      [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
-      [ "$(field peak_reserved "$line")" -le 609642086 ] || echo "FAIL: over the cap: $line"
-    done | grep FAIL && fail "t5_beam_generate under the cap, $m"
+    capped gpt2_generate 827829780 "$m"
+    capped moe_train_varlen 6079308104 "$m"
+    capped t5_beam_generate 609642086 "$m"
   done
   ;;
 threads)
