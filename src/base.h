@@ -145,6 +145,8 @@ enum {
   MP_HOOK_VMM_UNMAP,     /* arg: an mp_hook_unmap; the DEVICE source is
                             about to unmap one mapping; a test may set
                             `fail` to fail the call                      */
+  MP_HOOK_PACK_FOUND,    /* arg: a free block's address; a capped pool's
+                            pack found it, not yet claimed               */
 };
 /* MP_HOOK_VMM_UNMAP's argument: the mapping's address, and a flag a test
  * sets to make the driver call fail. */

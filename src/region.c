@@ -252,7 +252,10 @@ static int64_t pack_pick(magpool_t *pool, mp_region *r, unsigned order) {
   }
   for (unsigned i = 0; i < n; i++) {
     int64_t off = mp_tree_find_in(&r->tree, cand[i] * per, cord, order);
-    if (off >= 0 && (off = mp_tree_claim_at(&r->tree, (uint64_t)off, order)) >= 0) return off;
+    if (off < 0) continue;
+    MP_HOOK(MP_HOOK_PACK_FOUND, r->base + ((size_t)off << pool->min_shift));
+    /* Another take may have claimed it since: the next candidate. */
+    if ((off = mp_tree_claim_at(&r->tree, (uint64_t)off, order)) >= 0) return off;
   }
   return -1;
 }

@@ -37,6 +37,9 @@
  *   chunks::a_capped_pool_packs_tree_blocks_into_the_fullest_chunk
  *        under max_pool_size a tree block goes to the fullest busy chunk
  *        with room; uncapped, to the tree's lowest free block
+ *   races::a_pack_whose_block_is_taken_meanwhile   a pack stopped after
+ *        finding a block (MP_HOOK_PACK_FOUND) that another take claims:
+ *        it takes its next candidate chunk instead
  *   chunks::the_budget_maps_within_its_slack_before_moving   a take
  *        below the high-water mark that needs new chunks maps them, not
  *        moves, while the pool stays within the mark plus 1.5 % of it
@@ -224,8 +227,8 @@ Test(chunks, run_headers_are_per_chunk) {
 
 /* ================================================================ races */
 
-static char *race_chunk;      /* the chunk the window is opened on */
-static int race_point;        /* MP_HOOK_CHUNK_TAKE or _UNMAP */
+static char *race_chunk;      /* the chunk (a pack: the block) the window is on */
+static int race_point;        /* MP_HOOK_CHUNK_TAKE, _UNMAP or PACK_FOUND */
 static _Thread_local int race_stop_me;
 static flag race_stopped = FLAG_INIT, race_resume = FLAG_INIT;
 
@@ -602,43 +605,83 @@ Test(chunks, a_capped_pool_can_move_every_empty_chunk) {
 }
 
 /* Tree blocks of a capped pool go to the fullest busy chunk (region.c,
- * pack_pick).  Chunk A and chunk B each hold four 512 KiB blocks; three
- * go from A and one from B, which leaves free blocks in both.  The next
- * 512 KiB request goes to B, three quarters busy, where the tree's lowest
- * address would have put it in A, a quarter busy; on an uncapped pool
- * (chunk groups, speed first) it still goes to A.  Returns whether it went
- * to B. */
-static bool packed_take(size_t max) {
+ * pack_pick).  pack_setup: chunk A and chunk B each hold four 512 KiB
+ * blocks; three go from A and one (b[0]) from B, which leaves free blocks
+ * in both; A is below B.  The live ones are a[3] and b[1..3]. */
+static magpool_t *pack_setup(size_t max, void **a, void **b) {
   magpool_t *pool = chunked_pool(4 * MiB, max);
   cr_assert_eq(pool->cfg.chunk_groups, max == 0);
-  void *a[4], *b[4];
   for (unsigned i = 0; i < 4; i++) a[i] = magpool_alloc(pool, 512 * KiB);
   for (unsigned i = 0; i < 4; i++) b[i] = magpool_alloc(pool, 512 * KiB);
-  uint64_t ca = chunk_index(pool, a[0]), cb = chunk_index(pool, b[0]);
   for (unsigned i = 0; i < 4; i++) {
     cr_assert(a[i] != NULL && b[i] != NULL);
-    cr_assert_eq(chunk_index(pool, a[i]), ca, "a%u is not in a0's chunk", i);
-    cr_assert_eq(chunk_index(pool, b[i]), cb, "b%u is not in b0's chunk", i);
+    cr_assert_eq(chunk_index(pool, a[i]), chunk_index(pool, a[0]), "a%u is not in a0's chunk", i);
+    cr_assert_eq(chunk_index(pool, b[i]), chunk_index(pool, b[0]), "b%u is not in b0's chunk", i);
   }
-  cr_assert_lt(ca, cb, "the test needs A below B");
+  cr_assert_lt(chunk_index(pool, a[0]), chunk_index(pool, b[0]), "the test needs A below B");
   for (unsigned i = 0; i < 3; i++) cr_assert_eq(magpool_free(pool, a[i]), 0);
   cr_assert_eq(magpool_free(pool, b[0]), 0);
+  return pool;
+}
+
+/* Frees pack_setup's live blocks and the n more in x, after the checker. */
+static void pack_done(magpool_t *pool, void **a, void **b, void **x, unsigned n) {
+  cr_assert_eq(magpool_check(pool), 0);
+  void *live[] = {a[3], b[1], b[2], b[3]};
+  for (unsigned i = 0; i < 4; i++) cr_assert_eq(magpool_free(pool, live[i]), 0);
+  for (unsigned i = 0; i < n; i++) cr_assert_eq(magpool_free(pool, x[i]), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+/* The next 512 KiB request goes to B, three quarters busy, where the
+ * tree's lowest address would have put it in A, a quarter busy; on an
+ * uncapped pool (chunk groups, speed first) it still goes to A.  Returns
+ * whether it went to B. */
+static bool packed_take(size_t max) {
+  void *a[4], *b[4];
+  magpool_t *pool = pack_setup(max, a, b);
+  uint64_t ca = chunk_index(pool, a[0]), cb = chunk_index(pool, b[0]);
   void *x = magpool_alloc(pool, 512 * KiB);
   cr_assert_not_null(x);
   uint64_t cx = chunk_index(pool, x);
   cr_assert(cx == ca || cx == cb, "x in chunk %lu, neither A (%lu) nor B (%lu)",
             (unsigned long)cx, (unsigned long)ca, (unsigned long)cb);
   memset(x, 0x5a, 512 * KiB);
-  cr_assert_eq(magpool_check(pool), 0);
-  void *live[] = {a[3], b[1], b[2], b[3], x};
-  for (unsigned i = 0; i < 5; i++) cr_assert_eq(magpool_free(pool, live[i]), 0);
-  mpt_pool_done(pool);
+  pack_done(pool, a, b, &x, 1);
   return cx == cb;
 }
 
 Test(chunks, a_capped_pool_packs_tree_blocks_into_the_fullest_chunk) {
   cr_assert(packed_take(64 * MiB), "capped: the block went to the emptier chunk");
   cr_assert(!packed_take(0), "uncapped: the block went to the fuller chunk, not the lowest");
+}
+
+/* A pack stopped after finding b[0]'s block in B, the fullest chunk
+ * (MP_HOOK_PACK_FOUND), while another take packs into the same block and
+ * claims it: the stopped pack's claim fails, and it takes its next
+ * candidate, in A; the two blocks are distinct and both writable. */
+Test(races, a_pack_whose_block_is_taken_meanwhile) {
+  void *a[4], *b[4];
+  magpool_t *pool = pack_setup(64 * MiB, a, b);
+  race_chunk = b[0];
+  race_point = MP_HOOK_PACK_FOUND;
+  mp_hook_set(race_hook);
+  taker t = {pool, NULL, 1, 512 * KiB};
+  pthread_t th;
+  pthread_create(&th, NULL, take_block, &t);
+  flag_wait(&race_stopped); /* found, not claimed */
+  void *x[2] = {magpool_alloc(pool, 512 * KiB), NULL};
+  cr_assert_eq(x[0], b[0], "the other take did not pack into b0's block");
+  memset(x[0], 0x11, 512 * KiB);
+  flag_set(&race_resume);
+  pthread_join(th, NULL);
+  race_reset();
+  x[1] = t.got;
+  cr_assert_not_null(x[1]);
+  cr_assert_neq(x[1], x[0], "both takes got b0's block");
+  cr_assert_eq(chunk_index(pool, x[1]), chunk_index(pool, a[3]), "not the next candidate, A");
+  pack_done(pool, a, b, x, 2);
 }
 
 /* The budget's slack (chunk.c): max(8 chunks, 1.5 % of the high-water
