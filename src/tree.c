@@ -269,6 +269,20 @@ int64_t mp_tree_find_in(const mp_tree *t, uint64_t lo, unsigned span, unsigned o
   return -1;
 }
 
+uint64_t mp_tree_free_mask(const mp_tree *t, uint64_t lo, unsigned span, unsigned g) {
+  uint64_t m = 0;
+  for (unsigned p = g; p < span && p <= t->top; p++) {
+    uint64_t nb = (uint64_t)1 << (span - p), i = lo >> p;
+    uint64_t bits = nb == 64 ? ~(uint64_t)0 : ((uint64_t)1 << nb) - 1;
+    /* ACQUIRE: a candidate only, as in mp_tree_find_in. */
+    uint64_t w = (mp_load_acquire(&t->level[p].layer[0][i / 64]) >> (i % 64)) & bits;
+    unsigned per = 1u << (p - g); /* granules a block of order p spans */
+    uint64_t ones = per == 64 ? ~(uint64_t)0 : ((uint64_t)1 << per) - 1;
+    for (; w != 0; w &= w - 1) m |= ones << (mp_ctz64(w) * per);
+  }
+  return m;
+}
+
 void mp_tree_release(mp_tree *t, uint64_t off, unsigned order) {
   level_set(&t->level[order], off >> order);
 }
@@ -379,6 +393,19 @@ int mp_tree_largest_free_order(const mp_tree *t) {
     if (level_any_below(lv, lv->nlayers - 1, 0)) return o;
   }
   return -1;
+}
+
+bool mp_tree_any_free(const mp_tree *t, uint64_t off, uint64_t n) {
+  for (unsigned o = 0; o <= t->top && n != 0; o++) {
+    uint64_t i = off >> o, last = (off + n - 1) >> o; /* blocks of order o overlapping */
+    for (uint64_t wi = i / 64; wi <= last / 64; wi++) {
+      uint64_t w = mp_load_acquire(&t->level[o].layer[0][wi]);
+      if (wi == i / 64) w &= ~(uint64_t)0 << (i % 64);
+      if (wi == last / 64 && last % 64 != 63) w &= ((uint64_t)1 << (last % 64 + 1)) - 1;
+      if (w != 0) return true;
+    }
+  }
+  return false;
 }
 
 bool mp_tree_is_free(const mp_tree *t, uint64_t off, unsigned order) {

@@ -71,6 +71,12 @@ int64_t mp_tree_claim_at(mp_tree *t, uint64_t off, unsigned order);
  * at least span - 6 only: a word of bits each), smallest order first; its
  * offset, or -1.  Changes nothing. */
 int64_t mp_tree_find_in(const mp_tree *t, uint64_t lo, unsigned span, unsigned order);
+/* Another hint: which granules (blocks of order g, span - 6 <= g < span)
+ * of the aligned range [lo, lo + 2^span) lie in free blocks of order g
+ * to span - 1 now: bit k for the k-th.  A granule that is only partly
+ * free, or free in a block of order span or more, reads 0.  Changes
+ * nothing; mp_tree_claim_at's CAS decides. */
+uint64_t mp_tree_free_mask(const mp_tree *t, uint64_t lo, unsigned span, unsigned g);
 
 /* Gives back block (off, order): sets its bit only (lazy coalescing).
  * RELEASE: the caller's writes to the block happen before a later claim. */
@@ -95,6 +101,10 @@ uint64_t mp_tree_free_units(const mp_tree *t);
 
 /* Largest order with a free block now, or -1. */
 int mp_tree_largest_free_order(const mp_tree *t);
+
+/* Does a free block overlap units [off, off + n) right now?  A word a
+ * time at each order; for checkers. */
+bool mp_tree_any_free(const mp_tree *t, uint64_t off, uint64_t n);
 
 /* Is block (off, order) free right now? (tests) */
 bool mp_tree_is_free(const mp_tree *t, uint64_t off, unsigned order);

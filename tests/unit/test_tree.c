@@ -344,6 +344,44 @@ Test(tree, exhaust_order0_then_free_random, .timeout = 120) {
 /* split and merge                                                    */
 /* ------------------------------------------------------------------ */
 
+/* mp_tree_free_mask: in a range of 2^5 granules of order 2 (a span of
+ * order 7 inside a tree of 2^9 units), the granules in free blocks of
+ * orders 2..6.  mp_tree_any_free: any free block overlapping a range. */
+Test(tree, free_mask_and_any_free) {
+  mp_tree t;
+  tree_init(&t, 512);
+  cr_assert_eq(mp_tree_free_mask(&t, 128, 7, 2), 0, "inside a free block of order 9: none");
+  cr_assert(mp_tree_any_free(&t, 130, 1));
+  /* Claim [128, 256): the span; then free units 136-143 (granules 2-3)
+   * and 160-191 (granules 8-15). */
+  cr_assert_eq(mp_tree_claim_at(&t, 128, 7), 128);
+  cr_assert_eq(mp_tree_free_mask(&t, 128, 7, 2), 0);
+  cr_assert(!mp_tree_any_free(&t, 128, 128));
+  cr_assert(mp_tree_any_free(&t, 100, 29), "unit 0-127 are free");
+  mp_tree_release(&t, 128, 7);
+  cr_assert_eq(mp_tree_claim_at(&t, 128, 3), 128); /* split: 136-143 free */
+  cr_assert_eq(mp_tree_claim_at(&t, 144, 4), 144);
+  cr_assert_eq(mp_tree_claim_at(&t, 192, 6), 192);
+  /* Free now: 136-143 (order 3), 160-191 (order 5); busy 128-135,
+   * 144-159, 192-255. */
+  cr_assert_eq(mp_tree_free_mask(&t, 128, 7, 2), 0xff0cu);
+  cr_assert(mp_tree_any_free(&t, 140, 1));
+  cr_assert(!mp_tree_any_free(&t, 144, 16));
+  cr_assert(!mp_tree_any_free(&t, 192, 64));
+  /* A unit freed inside a busy block is seen; the granule is not. */
+  cr_assert_eq(mp_tree_claim_at(&t, 136, 3), 136);
+  mp_tree_release(&t, 137, 0);
+  cr_assert(mp_tree_any_free(&t, 128, 16), "unit 137 free under a claimed block");
+  cr_assert_eq(mp_tree_free_mask(&t, 128, 7, 2), 0xff00u, "granule 2 is only partly free");
+  cr_assert_eq(mp_tree_claim_at(&t, 137, 0), 137);
+  mp_tree_free(&t, 136, 3);
+  mp_tree_free(&t, 128, 3);
+  mp_tree_free(&t, 144, 4);
+  mp_tree_free(&t, 192, 6);
+  assert_decomposition(&t);
+  mp_tree_fini(&t);
+}
+
 Test(tree, release_does_not_merge_merge_does) {
   mp_tree t;
   tree_init(&t, 64);
