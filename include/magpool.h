@@ -151,12 +151,24 @@ typedef struct magpool_config {
                                 idle threads cache (see magpool_alloc);
                                 a trim does not                            */
   size_t cache_max_block;    /* blocks larger than this bypass the caches;
-                                default 1 MiB.  On a chunked pool a cached
-                                block keeps its chunk mapped: where the
-                                footprint of a small pool matters more
-                                than the speed of blocks of 256 KiB to
-                                1 MiB, 256 KiB takes those to the tree,
-                                which packs them (docs/benchmarks.md)     */
+                                default 1 MiB.  A chunked pool lowers it
+                                to chunk_size, and without chunk groups
+                                (chunk_groups 0, the default with a
+                                max_pool_size) to chunk_size / 8.  On a
+                                chunked pool a block below a chunk of a
+                                size no cache holds is an extent block:
+                                it takes only the granules (chunk_size /
+                                32; 64 KiB by default) its request needs,
+                                in a row inside one chunk, not its power
+                                of two (magpool_alloc).  Where the
+                                footprint matters more than the speed of
+                                blocks of 256 KiB to 1 MiB, 256 KiB on an
+                                uncapped pool does the same there
+                                (vit_train_varbatch: 1.077-1.082 of its
+                                peak live bytes against 1.094-1.101),
+                                for 200-2,400 more instructions an
+                                allocation and free of such a block
+                                (docs/benchmarks.md)                    */
   size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks
                                 it freed on streams, for reuse on the
                                 stream each was freed on, before a batch
@@ -272,7 +284,10 @@ typedef struct magpool_config {
                                 chunks empty and can move (a look at up
                                 to 1,024 chunks' counts on each such
                                 take from the shared tree; cache hits
-                                are unchanged).
+                                are unchanged), and the caches keep
+                                blocks up to chunk_size / 8 only, so that
+                                larger ones below a chunk are extent
+                                blocks (cache_max_block).
                                 Default -1: 0 with a max_pool_size, else
                                 1.  Other values: MAGPOOL_EINVAL at
                                 create                                   */
@@ -301,8 +316,9 @@ typedef struct magpool_config {
  * different instants. */
 typedef struct magpool_stats {
   size_t used_bytes;         /* bytes in live allocations, rounded up to
-                                their block size (on chunked pools, a
-                                block of a chunk or more counts its whole
+                                their block size (on chunked pools, an
+                                extent block counts its granules, a
+                                block of a chunk or more its whole
                                 chunks: magpool_usable_size)              */
   size_t requested_bytes;    /* bytes asked for by live allocations        */
   size_t reserved_bytes;     /* memory taken from the source (pool size,
@@ -425,7 +441,11 @@ MAGPOOL_API int magpool_destroy(magpool_t *pool);
  * PINNED pools to what cudaMalloc / cudaHostAlloc give (at least 256 B).
  * Chunked pools (HOST and DEVICE pools whose pool_size is whole chunks or
  * is rounded up to them; see chunk_size): a block under a chunk is as
- * above; a larger request that no cache serves gets a run of whole chunks,
+ * above, but one of a size no cache holds (larger than cache_max_block) is
+ * an extent block: the request rounded up to whole granules of chunk_size
+ * / 32, aligned to a granule, inside one chunk, and that is its usable
+ * size (a request that needs its whole power of two gets it, aligned to
+ * it); a larger request that no cache serves gets a run of whole chunks,
  * aligned to the chunk, whose usable size is the request rounded up to
  * whole chunks.  On
  * DEVICE pools, free with magpool_free only memory no GPU work still uses
@@ -468,8 +488,9 @@ MAGPOOL_API int magpool_free(magpool_t *pool, void *ptr);
  * the allocation was made with. */
 MAGPOOL_API int magpool_free_sized(magpool_t *pool, void *ptr, size_t size);
 
-/* The usable size of a live allocation (its block size), or 0 if ptr is not
- * a live allocation of the pool. */
+/* The usable size of a live allocation (its block size: whole granules for
+ * an extent block, whole chunks for a run; magpool_alloc), or 0 if ptr is
+ * not a live allocation of the pool. */
 MAGPOOL_API size_t magpool_usable_size(magpool_t *pool, const void *ptr);
 
 /* Returns everything cached to the tree and completes coalescing (on a

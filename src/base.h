@@ -147,6 +147,8 @@ enum {
                             `fail` to fail the call                      */
   MP_HOOK_PACK_FOUND,    /* arg: a free block's address; a capped pool's
                             pack found it, not yet claimed               */
+  MP_HOOK_EXTENT_FOUND,  /* arg: the first free granule of a row an
+                            extent take found, not yet claimed (extent.c) */
 };
 /* MP_HOOK_VMM_UNMAP's argument: the mapping's address, and a flag a test
  * sets to make the driver call fail. */
@@ -179,5 +181,26 @@ void mp_tsan_acquire(void *addr);
 void *mp_fail(int code);
 /* Remembers the CUDA error behind the last MAGPOOL_ECUDA of this thread. */
 void mp_set_cuda_error(int cuda_code);
+
+/* Counting of calls in progress, for mp_debug_check_quiescent (stats.c;
+ * the counters are the pool's dbg_calls and dbg_active, types.h).  Compiled
+ * only with MP_DEBUG >= 2; every mutating public entry point brackets its
+ * work with them. */
+#if MP_DEBUG >= 2
+#define MP_DBG_ENTER(pool)                                                     \
+  do {                                                                         \
+    if ((pool) != NULL) {                                                      \
+      mp_fetch_add_acq_rel(&(pool)->dbg_calls, 1);                             \
+      mp_fetch_add_acq_rel(&(pool)->dbg_active, 1);                            \
+    }                                                                          \
+  } while (0)
+#define MP_DBG_LEAVE(pool)                                                     \
+  do {                                                                         \
+    if ((pool) != NULL) mp_fetch_add_acq_rel(&(pool)->dbg_active, -1);         \
+  } while (0)
+#else
+#define MP_DBG_ENTER(pool) ((void)0)
+#define MP_DBG_LEAVE(pool) ((void)0)
+#endif
 
 #endif /* MAGPOOL_BASE_H */

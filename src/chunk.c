@@ -256,9 +256,9 @@ static extent extent_of(const magpool_t *pool, const char *p, unsigned order, si
   extent e;
   e.first = (uint64_t)(p - c->base) >> c->shift;
   size_t bs = mp_block_bytes(pool, order);
-  if (bs < c->chunk) {
+  if (bs < c->chunk) { /* an extent block's: its granules (need) */
     e.n = 1;
-    e.units = (uint64_t)1 << order;
+    e.units = order < c->xlo ? (uint64_t)1 << order : need >> pool->min_shift;
   } else {
     e.n = mp_chunks_for(c, need);
     e.units = units_per_chunk(pool, c);
@@ -363,12 +363,7 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
 
 void mp_chunks_release(magpool_t *pool, char *p, unsigned order) {
   mp_chunks *c = pool->chunks;
-  size_t need = 0;
-  if (mp_block_bytes(pool, order) >= c->chunk) {
-    uint64_t first = (uint64_t)(p - c->base) >> c->shift;
-    need = (size_t)mp_load_relaxed(&c->ext[first]) << c->shift;
-  }
-  extent e = extent_of(pool, p, order, need);
+  extent e = extent_of(pool, p, order, mp_block_cost(pool, p, order));
   busy_sub(pool, &e);
   if (MP_UNLIKELY(c->release != UINT64_MAX) &&
       mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release)
@@ -443,6 +438,7 @@ int mp_chunks_init(magpool_t *pool) {
   c->lock = lk;
   c->chunk = chunk;
   c->shift = mp_log2_floor(chunk);
+  c->xlo = c->shift - pool->min_shift; /* no extent orders until mp_extents_setup */
   c->va_bytes = va;
   c->n = va >> c->shift;
   c->cap = cap >> c->shift;

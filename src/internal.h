@@ -133,13 +133,17 @@ static inline size_t mp_block_bytes(const magpool_t *pool, unsigned order) {
  * count of the pool (acct.held, pending, used): its size, except on a
  * chunked pool for a block of a chunk or more, where only the chunks
  * backing its requested bytes count (types.h, mp_chunks; the extent is
- * recorded when the block is taken and kept until it is given back). */
+ * recorded when the block is taken and kept until it is given back), and
+ * for an extent block (extent.c), its granules. */
 static inline size_t mp_block_cost(const magpool_t *pool, const void *p, unsigned order) {
   size_t bs = mp_block_bytes(pool, order);
   const mp_chunks *c = pool->chunks;
-  if (MP_LIKELY(c == NULL || bs < c->chunk)) return bs;
-  uint64_t first = (uint64_t)((const char *)p - c->base) >> c->shift;
-  return (size_t)mp_load_relaxed(&c->ext[first]) << c->shift;
+  if (MP_LIKELY(c == NULL || order < c->xlo)) return bs;
+  uint64_t off = (uint64_t)((const char *)p - c->base);
+  if (bs < c->chunk) /* the extent word (extent.c) */
+    return (size_t)(mp_load_relaxed(&c->hdr0[(off >> pool->min_shift) + 3]) >> 7)
+           << (c->gord + pool->min_shift);
+  return (size_t)mp_load_relaxed(&c->ext[off >> c->shift]) << c->shift;
 }
 
 /* Chunks that back `bytes` of a block of a chunk or more (at least one). */
@@ -151,9 +155,14 @@ static inline uint64_t mp_chunks_for(const mp_chunks *c, size_t bytes) {
 static inline size_t mp_request_cost(const magpool_t *pool, unsigned order, size_t size) {
   size_t bs = mp_block_bytes(pool, order);
   const mp_chunks *c = pool->chunks;
-  if (c == NULL || bs < c->chunk) return bs;
+  if (c == NULL || order < c->xlo) return bs;
+  if (bs < c->chunk) { /* whole granules */
+    size_t g = (size_t)1 << (c->gord + pool->min_shift);
+    return (size + g - 1) & ~(g - 1);
+  }
   return (size_t)mp_chunks_for(c, size) << c->shift;
 }
+
 
 /* Run of chunks (runs.c) for one request, not a buddy block? */
 static inline bool mp_run_order(const magpool_t *pool, unsigned order) {
@@ -476,25 +485,5 @@ void mp_track_destroy(magpool_t *pool);
  * magpool_check if the pool is quiescent (no other call in progress or
  * begun meanwhile, no pending callback) and traps if it fails. */
 void mp_debug_check_quiescent(magpool_t *pool);
-
-/* Counting of calls in progress, for mp_debug_check_quiescent.  Compiled
- * only with MP_DEBUG >= 2; every mutating public entry point brackets its
- * work with them. */
-#if MP_DEBUG >= 2
-#define MP_DBG_ENTER(pool)                                                     \
-  do {                                                                         \
-    if ((pool) != NULL) {                                                      \
-      mp_fetch_add_acq_rel(&(pool)->dbg_calls, 1);                             \
-      mp_fetch_add_acq_rel(&(pool)->dbg_active, 1);                            \
-    }                                                                          \
-  } while (0)
-#define MP_DBG_LEAVE(pool)                                                     \
-  do {                                                                         \
-    if ((pool) != NULL) mp_fetch_add_acq_rel(&(pool)->dbg_active, -1);         \
-  } while (0)
-#else
-#define MP_DBG_ENTER(pool) ((void)0)
-#define MP_DBG_LEAVE(pool) ((void)0)
-#endif
 
 #endif /* MAGPOOL_INTERNAL_H */

@@ -108,16 +108,18 @@ static void detach_range(magpool_t *pool, mp_park *k, unsigned lo, unsigned hi, 
 }
 
 /* May blocks of `order` cost less than their size (runs backed for
- * their first request)? */
+ * their first request, extent blocks)? */
 static bool partial(const magpool_t *pool, unsigned order) {
-  return pool->chunks != NULL && mp_block_bytes(pool, order) >= pool->chunks->chunk;
+  return pool->chunks != NULL && order >= pool->chunks->xlo;
 }
 
 /* Most a reused block may cost over what the request needs: a run
  * backed for a larger request wastes its extra chunks while it is live,
- * and the run it could have served maps new ones. */
+ * and the run it could have served maps new ones.  An extent block: an
+ * eighth, at least a granule. */
 static size_t waste_max(const magpool_t *pool, size_t need) {
-  size_t w = need / 8, ch = pool->chunks != NULL ? pool->chunks->chunk : 0;
+  const mp_chunks *c = pool->chunks;
+  size_t w = need / 8, ch = c == NULL ? 0 : need >= c->chunk ? c->chunk : mp_block_bytes(pool, c->gord);
   return w > ch ? w : ch;
 }
 

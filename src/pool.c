@@ -3,6 +3,7 @@
  * policy above the caches.  The caches return NULL on a miss; only the
  * API layer decides what to give up to satisfy a request.
  */
+#include "extent.h"
 #include "thread.h"
 
 #include <pthread.h>
@@ -158,12 +159,17 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   rc = mp_region_add_chunked(pool);
   if (rc == MAGPOOL_ENOTSUP) rc = mp_region_add(pool, c.pool_size);
   if (rc != 0) goto fail_src;
-  if (pool->chunks != NULL && pool->cfg.cache_max_block > pool->chunks->chunk) {
-    /* A cached block lies within one chunk. */
-    pool->cfg.cache_max_block = pool->chunks->chunk;
+  /* A cached block lies within one chunk; without chunk groups (footprint
+   * first) within an eighth of one, and larger ones below a chunk are
+   * extent blocks (extent.c). */
+  size_t cmax = pool->chunks == NULL ? SIZE_MAX
+                : pool->chunks->chunk >> (pool->cfg.chunk_groups ? 0 : 3);
+  if (pool->cfg.cache_max_block > cmax) {
+    pool->cfg.cache_max_block = cmax;
     pool->nclasses = cache_classes(pool, pool->cfg.thread_cache_bytes, pool->mag_cap);
     pool->s_nclasses = cache_classes(pool, c.stream_cache_bytes, pool->s_mag_cap);
   }
+  if (pool->chunks != NULL) mp_extents_setup(pool);
   rc = mp_mags_init(pool);
   if (rc != 0) goto fail_region;
   mp_revoke_init();

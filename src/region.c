@@ -12,6 +12,7 @@
  * tree_out and peak counters in steps of MP_PEAK_BATCH, so that a slow path
  * rarely writes a shared line.
  */
+#include "extent.h"
 #include "runs.h"
 
 #include <pthread.h>
@@ -218,10 +219,8 @@ static int64_t prefer_mapped(magpool_t *pool, mp_region *r, int64_t off, unsigne
   return off;
 }
 
-/* Fullest first: the busy chunks of the tree's half a pack tries, and the
- * chunks it looks at, from the lowest. */
+/* Fullest first: the busy chunks of the tree's half a pack tries. */
 #define MP_PACK_TRIES 4
-#define MP_PACK_SCAN 1024
 
 /* On a chunked pool without chunk groups (one with a max_pool_size, where
  * footprint comes first): a block of a 64th of a chunk to half a chunk
@@ -236,20 +235,8 @@ static int64_t pack_pick(magpool_t *pool, mp_region *r, unsigned order) {
   unsigned cord = c->shift - pool->min_shift;
   if (pool->cfg.chunk_groups || order >= cord || cord - order > 6 || r != pool->regions[0])
     return -1;
-  uint64_t per = (uint64_t)1 << cord, need = (uint64_t)1 << order;
-  uint64_t top = mp_load_relaxed(&c->tree_top);
-  uint64_t cand[MP_PACK_TRIES];
-  uint32_t cb[MP_PACK_TRIES];
-  unsigned n = 0;
-  for (uint64_t ch = 0; ch < top && ch < MP_PACK_SCAN; ch++) {
-    uint32_t b = mp_load_relaxed(&c->busy[ch]);
-    if (b == 0 || per - b < need) continue; /* empty, or too full for it */
-    /* Insert into the fullest MP_PACK_TRIES, fullest first. */
-    unsigned k = n < MP_PACK_TRIES ? n++ : MP_PACK_TRIES;
-    for (; k > 0 && cb[k - 1] < b; k--)
-      if (k < MP_PACK_TRIES) cand[k] = cand[k - 1], cb[k] = cb[k - 1];
-    if (k < MP_PACK_TRIES) cand[k] = ch, cb[k] = b;
-  }
+  uint64_t per = (uint64_t)1 << cord, cand[MP_PACK_TRIES];
+  unsigned n = mp_chunks_fullest(pool, (uint64_t)1 << order, cand, MP_PACK_TRIES);
   for (unsigned i = 0; i < n; i++) {
     int64_t off = mp_tree_find_in(&r->tree, cand[i] * per, cord, order);
     if (off < 0) continue;
@@ -260,10 +247,36 @@ static int64_t pack_pick(magpool_t *pool, mp_region *r, unsigned order) {
   return -1;
 }
 
+/* An extent block (extent.c) of `need` bytes: a row of granules in a
+ * busy chunk, else an aligned block of the next power of two of granules
+ * from the tree, its tail given back.  A request that needs the whole
+ * order takes it aligned, as any tree block (magazines carve those). */
+static void *take_extent(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow) {
+  mp_region *r = pool->regions[0];
+  unsigned g = pool->chunks->gord;
+  uint32_t n = mp_extent_granules(pool, need);
+  int64_t off = n < ((uint32_t)1 << (order - g)) ? mp_extent_fit(pool, r, n) : -1;
+  if (off < 0) {
+    unsigned o2 = g + mp_log2_ceil(n);
+    if ((off = pack_pick(pool, r, o2)) < 0 && (off = mp_tree_alloc(&r->tree, o2)) < 0) return NULL;
+    off = prefer_mapped(pool, r, off, o2);
+    mp_extent_trim(pool, r, (uint64_t)off, o2, n);
+  }
+  mp_extent_mark(pool, (uint64_t)off, n);
+  char *p = r->base + ((size_t)off << pool->min_shift);
+  if (mp_chunks_acquire(pool, p, order, (size_t)n << (g + pool->min_shift), grow) != 0) {
+    mp_extent_put(pool, r, (uint64_t)off, n, true); /* nothing was counted */
+    return NULL;
+  }
+  acct_add(pool, a, (int64_t)mp_block_cost(pool, p, order));
+  return p;
+}
+
 static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow,
                   bool run_ok) {
   if (run_ok && pool->chunks != NULL && mp_run_order(pool, order))
     return take_run(pool, a, order, need, grow);
+  if (mp_extent_order(pool, order)) return take_extent(pool, a, order, need, grow);
   unsigned n = mp_load_acquire(&pool->nregions);
   for (unsigned i = 0; i < n; i++) {
     mp_region *r = pool->regions[i];
@@ -295,24 +308,29 @@ void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order) {
   return take(pool, a, order, mp_block_bytes(pool, order), false, false);
 }
 
-void mp_region_give(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
+static void give(magpool_t *pool, mp_acct *a, void *p, unsigned order, bool merge) {
   if (is_run(pool, p)) { give_run(pool, a, p, order); return; }
   int64_t cost = (int64_t)mp_block_cost(pool, p, order);
   if (pool->chunks != NULL) mp_chunks_release(pool, p, order);
   mp_region *r = mp_region_of(pool, p);
   uint64_t off = (uint64_t)((char *)p - r->base) >> pool->min_shift;
-  mp_tree_free(&r->tree, off, order);
+  /* An extent block's granules: read before its pieces go. */
+  if (mp_extent_order(pool, order)) {
+    mp_extent_put(pool, r, off, (uint32_t)(cost >> (pool->chunks->gord + pool->min_shift)), merge);
+    uint64_t ch = (uint64_t)((char *)p - r->base) >> pool->chunks->shift;
+    if (mp_load_relaxed(&pool->chunks->xhint) != ch) mp_store_relaxed(&pool->chunks->xhint, ch);
+  }
+  else if (merge) mp_tree_free(&r->tree, off, order);
+  else mp_tree_release(&r->tree, off, order);
   acct_add(pool, a, -cost);
 }
 
+void mp_region_give(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
+  give(pool, a, p, order, true);
+}
+
 void mp_region_give_lazy(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
-  if (is_run(pool, p)) { give_run(pool, a, p, order); return; }
-  int64_t cost = (int64_t)mp_block_cost(pool, p, order);
-  if (pool->chunks != NULL) mp_chunks_release(pool, p, order);
-  mp_region *r = mp_region_of(pool, p);
-  uint64_t off = (uint64_t)((char *)p - r->base) >> pool->min_shift;
-  mp_tree_release(&r->tree, off, order);
-  acct_add(pool, a, -cost);
+  give(pool, a, p, order, false);
 }
 
 /* To the tree only: the chunks and the account were settled block by
@@ -353,8 +371,8 @@ static void chunks_release_sorted(magpool_t *pool, void **blk, uint32_t n, unsig
 void mp_blocks_give(magpool_t *pool, mp_acct *a, void **blk, uint32_t n, unsigned order) {
   if (n == 0) return;
   mp_assert(n <= MP_MAG_SLOTS);
-  if (pool->chunks != NULL && is_run(pool, blk[0])) { /* runs never merge */
-    for (uint32_t i = 0; i < n; i++) give_run(pool, a, blk[i], order);
+  if (pool->chunks != NULL && (is_run(pool, blk[0]) || mp_extent_order(pool, order))) {
+    for (uint32_t i = 0; i < n; i++) give(pool, a, blk[i], order, true); /* no buddies */
     return;
   }
   if (n > 1) qsort(blk, n, sizeof *blk, cmp_ptr);

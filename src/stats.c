@@ -3,6 +3,7 @@
  * (relaxed reads: a racy sum while threads run, exact on a quiescent
  * pool), the depots' and stream caches' byte counts, and the trees.
  */
+#include "extent.h"
 #include "runs.h"
 
 #include <string.h>
@@ -159,6 +160,14 @@ static int scan_live(magpool_t *pool, mp_region *r, uint64_t from, uint64_t to,
       size_t cost = mp_block_cost(pool, r->base + (u << pool->min_shift), o);
       if ((u & (per - 1)) != 0 || cost == 0 || u + (cost >> pool->min_shift) > r->nunits)
         return MAGPOOL_EINVAL;
+      *live_units += cost >> pool->min_shift;
+      *live_cost += cost;
+      u += (cost >> pool->min_shift) - 1;
+      continue;
+    }
+    if (mp_extent_order(pool, o)) { /* granules (extent.c) */
+      uint64_t cost;
+      if (mp_extent_check(pool, r, u, o, w, &cost) != 0) return MAGPOOL_EINVAL;
       *live_units += cost >> pool->min_shift;
       *live_cost += cost;
       u += (cost >> pool->min_shift) - 1;

@@ -152,10 +152,11 @@ MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
  * memory backs it in chunks of `chunk` bytes.
  *
  * busy[c]: units (min blocks) of blocks out of the tree that overlap
- *   chunk c with their extent (the whole block below a chunk; above, the
- *   chunks covering the requested bytes, ext[] holding their count at
- *   the first), or of a fenced free run (runs.h).  Changed by atomic RMW
- *   by any thread; in run space (c >= run0: one run a chunk) by stores.
+ *   chunk c with their extent (the whole block below a chunk, but an
+ *   extent block's granules, extent.c; above, the chunks covering the
+ *   requested bytes, ext[] holding their count at the first), or of a
+ *   fenced free run (runs.h).  Changed by atomic RMW by any thread; in
+ *   run space (c >= run0: one run a chunk) by stores.
  * state[c]: MP_CHUNK_UNMAPPED, MAPPED or UNMAPPING; written only under
  *   `lock`, read by anyone.
  * mapped[]: a bitmap of MAPPED chunks, written under `lock` only
@@ -207,6 +208,9 @@ typedef struct mp_runs {
 typedef struct mp_chunks {
   size_t chunk;             /* bytes per chunk, a power of two          */
   unsigned shift;           /* log2(chunk)                              */
+  unsigned xlo, gord;       /* lowest order whose cost is not its size
+                               (extent.c), log2 of a granule's units    */
+  _Atomic uint32_t *hdr0;   /* the tree's header words (extent words)   */
   char *base;               /* the reserved range                       */
   size_t va_bytes;          /* its size, a power of two                 */
   uint64_t n;               /* chunks in the range                      */
@@ -228,6 +232,7 @@ typedef struct mp_chunks {
   _Atomic uint64_t run_top; /* above every mapped chunk of the run
                                space (written under lock)               */
   uint64_t run0;            /* first chunk of the run space (upper half) */
+  _Atomic uint64_t xhint;   /* chunk of the last extent given (a hint)  */
   mp_runs runs;
   void *lock;               /* pthread_mutex_t *                        */
 } mp_chunks;
@@ -391,11 +396,7 @@ typedef struct mp_tstats {
   _Atomic uint64_t frees;
 } mp_tstats;
 
-typedef struct mp_tclass {
-  mp_mag *loaded;
-  mp_mag *prev;
-} mp_tclass;
-
+typedef struct mp_tclass { mp_mag *loaded, *prev; } mp_tclass;
 enum { MP_TC_FREE = 0, MP_TC_LIVE, MP_TC_EXITING, MP_TC_ORPHAN };
 
 /* The thread record: one thread's caches, counters and stream memo for
@@ -486,10 +487,8 @@ struct magpool_s {
   _Atomic uint64_t nthreads;   /* LIVE records (a line rarely written)  */
 
   void *track;                 /* track.c state, NULL when off          */
-
   mp_retire retire;            /* retire.c                              */
   mp_streams *streams;         /* stream_table.c                        */
-
   /* MP_DEBUG >= 2 only (always present, so every build agrees on the
    * layout): calls in progress and calls begun, to tell a quiescent
    * pool from a busy one (MP_DBG_ENTER in internal.h). */

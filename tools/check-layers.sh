@@ -52,6 +52,7 @@ tree.c          2   tree, regions, block header, magazine objects
 region.c        2
 chunk.c         2
 chunk_check.c   2
+extent.c        2
 runs.c          2
 mag.c           2
 

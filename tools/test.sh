@@ -44,7 +44,7 @@
 #                 fenced, after waiting for them) under TSan
 #   tsan-stress-nogroups  magpool-stress --grow-from 16 --pool-mb 64
 #                 --no-groups (a capped pool's default: a chunk each, tree
-#                 blocks into the fullest busy chunk) under TSan
+#                 blocks into the fullest busy chunk, extent blocks) under TSan
 #   asan-build    build-asan/, ASan + UBSan, CUDA off, everything
 #   asan-ctest    every test (Criterion, stress, bench smoke) under
 #                 ASan + UBSan

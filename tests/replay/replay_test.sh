@@ -33,7 +33,9 @@
 #   can move: docs/design.md); moe_train_varlen, recorded after magpool
 #   was tuned, the same at its cap (5,960,105,984 B on the H200 + 2 %), and
 #   t5_beam_generate at its (597,688,320 B + 2 %: a capped pool packs its
-#   tree blocks into the fullest chunks, region.c).
+#   tree blocks into the fullest chunks, region.c), and vit_train_varbatch
+#   at its (2,317,352,960 B + 2 %: a capped pool's blocks of 256 KiB-1 MiB
+#   are extent blocks, src/extent.c).
 # threads: --threads (a thread per trace stream) on a HOST pool, sync and
 #   async, 2 passes: with --window 0 (the trace's order, one event at a
 #   time) every pass of tiny.trace completes with peak_live = 537813, and
@@ -188,6 +190,7 @@ cap)
     capped gpt2_generate 827829780 "$m"
     capped moe_train_varlen 6079308104 "$m"
     capped t5_beam_generate 609642086 "$m"
+    capped vit_train_varbatch 2363700019 "$m"
   done
   ;;
 threads)

@@ -40,6 +40,13 @@
  *   races::a_pack_whose_block_is_taken_meanwhile   a pack stopped after
  *        finding a block (MP_HOOK_PACK_FOUND) that another take claims:
  *        it takes its next candidate chunk instead
+ *   extents::a_block_takes_only_the_granules_it_needs   capped, three
+ *        576 KiB blocks share a chunk, 576 KiB usable each; uncapped, 1 MiB
+ *   extents::the_checker_sees_a_piece_freed_under_a_live_block   E3
+ *   races::an_extent_whose_piece_is_taken_meanwhile   an extent take
+ *        stopped after finding its row (MP_HOOK_EXTENT_FOUND) loses a
+ *        piece to another take: it gives back the pieces it claimed and
+ *        takes an aligned block instead
  *   chunks::the_budget_maps_within_its_slack_before_moving   a take
  *        below the high-water mark that needs new chunks maps them, not
  *        moves, while the pool stays within the mark plus 1.5 % of it
@@ -682,6 +689,98 @@ Test(races, a_pack_whose_block_is_taken_meanwhile) {
   cr_assert_neq(x[1], x[0], "both takes got b0's block");
   cr_assert_eq(chunk_index(pool, x[1]), chunk_index(pool, a[3]), "not the next candidate, A");
   pack_done(pool, a, b, x, 2);
+}
+
+/* Extent blocks (extent.c).  A capped pool caches blocks up to an eighth
+ * of a chunk; a 576 KiB request (9 granules of 64 KiB) then takes 576
+ * KiB, three to a chunk, where its buddy order would take 1 MiB, two to a
+ * chunk; uncapped (the caches up to 1 MiB), it is a 1 MiB block. */
+Test(extents, a_block_takes_only_the_granules_it_needs) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = 64 * MiB});
+  cr_assert_eq(pool->cfg.cache_max_block, 256 * KiB, "a capped pool caches up to chunk / 8");
+  void *x[3];
+  for (unsigned i = 0; i < 3; i++) {
+    x[i] = magpool_alloc(pool, 576 * KiB);
+    cr_assert_not_null(x[i]);
+    cr_assert_eq(magpool_usable_size(pool, x[i]), 576 * KiB);
+    cr_assert_eq((uintptr_t)x[i] % (64 * KiB), 0, "not aligned to a granule");
+    cr_assert_eq(chunk_index(pool, x[i]), chunk_index(pool, x[0]), "x%u is not in x0's chunk", i);
+    memset(x[i], 0x30 + (int)i, 576 * KiB);
+  }
+  magpool_stats_t s = mpt_stats(pool);
+  cr_assert_eq(s.used_bytes, 3 * 576 * KiB, "used counts granules");
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_sized(pool, x[0], 576 * KiB + 1), MAGPOOL_EINVAL);
+  cr_assert_eq(magpool_free_sized(pool, x[0], 576 * KiB), 0);
+  cr_assert_eq(magpool_free(pool, x[1] + 64 * KiB), MAGPOOL_EINVAL, "an interior pointer");
+  cr_assert_eq(magpool_free(pool, x[1]), 0);
+  cr_assert_eq(magpool_free(pool, x[2]), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+
+  pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1});
+  void *y = magpool_alloc(pool, 576 * KiB);
+  cr_assert_not_null(y);
+  cr_assert_eq(magpool_usable_size(pool, y), 1 * MiB, "uncapped: the buddy block, cached");
+  cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_pool_done(pool);
+}
+
+/* The checker sees an extent block that lost a piece to the tree (E3):
+ * one of its pieces is freed behind the pool's back, then claimed again. */
+Test(extents, the_checker_sees_a_piece_freed_under_a_live_block) {
+  magpool_t *pool = chunked_pool(4 * MiB, 64 * MiB);
+  char *x = magpool_alloc(pool, 576 * KiB), *y = magpool_alloc(pool, 576 * KiB);
+  cr_assert(x != NULL && y != NULL);
+  cr_assert_eq(magpool_check(pool), 0);
+  mp_region *r = pool->regions[0];
+  /* y's last granule: a piece of its own (y starts at granule 9). */
+  uint64_t u = (uint64_t)(y + 512 * KiB - r->base) >> pool->min_shift;
+  cr_assert_eq((uint64_t)(y - x), 576 * KiB, "y right after x");
+  mp_tree_free(&r->tree, u, pool->chunks->gord);
+  cr_assert_eq(magpool_check(pool), MAGPOOL_EINVAL, "a live block's piece is free");
+  cr_assert_eq(mp_tree_claim_at(&r->tree, u, pool->chunks->gord), (int64_t)u);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+/* An extent take stopped after finding its row (MP_HOOK_EXTENT_FOUND):
+ * chunk A holds x, granules 0-8; the row for 9 more is 9-17.  Another take
+ * claims the 128 KiB block at granules 10-11 meanwhile.  The stopped take
+ * claims granule 9, loses 10-11, gives 9 back, and takes the aligned 1
+ * MiB at granule 16 instead.  A take that kept granule 9 would leave the
+ * pool not all free at the end. */
+Test(races, an_extent_whose_piece_is_taken_meanwhile) {
+  magpool_t *pool = chunked_pool(4 * MiB, 64 * MiB);
+  char *x = magpool_alloc(pool, 576 * KiB);
+  cr_assert_not_null(x);
+  char *a = (char *)((uintptr_t)x & ~(uintptr_t)(CHUNK - 1));
+  cr_assert_eq(x, a, "x is not at its chunk's start");
+  race_chunk = a + 576 * KiB;
+  race_point = MP_HOOK_EXTENT_FOUND;
+  mp_hook_set(race_hook);
+  taker t = {pool, NULL, 1, 576 * KiB};
+  pthread_t th;
+  pthread_create(&th, NULL, take_block, &t);
+  flag_wait(&race_stopped); /* found, not claimed */
+  char *y = magpool_alloc(pool, 128 * KiB);
+  cr_assert_eq(y, a + 640 * KiB, "the other take did not claim granules 10-11");
+  memset(y, 0x11, 128 * KiB);
+  flag_set(&race_resume);
+  pthread_join(th, NULL);
+  race_reset();
+  cr_assert_eq((char *)t.got, a + 1 * MiB, "not the aligned block above the lost row");
+  cr_assert_eq(magpool_usable_size(pool, t.got), 576 * KiB);
+  cr_assert_eq(magpool_check(pool), 0);
+  void *z = magpool_alloc(pool, 64 * KiB); /* granule 9 is free again */
+  cr_assert_eq((char *)z, a + 576 * KiB, "granule 9 was not given back");
+  void *all[] = {x, y, t.got, z};
+  for (unsigned i = 0; i < 4; i++) cr_assert_eq(magpool_free(pool, all[i]), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
 }
 
 /* The budget's slack (chunk.c): max(8 chunks, 1.5 % of the high-water

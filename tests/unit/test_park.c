@@ -28,6 +28,9 @@
  *        magazine at a time into its slot, not one a call
  *   park::a_refill_meets_a_release   a release closes the slot between the
  *        refill's take off the park and its load: the magazine is not lost
+ *   park::an_extent_block_is_reused_on_its_stream_when_it_fits   a
+ *        576 KiB extent block parked on S serves a 513 KiB request on S
+ *        (the same 9 granules), not a 700 KiB one (11)
  *   park::thousand_large_frees_few_batches,
  *   park::thousand_random_large_frees_fewer_batches   1000 frees of large
  *        blocks on one stream cost far fewer than 1000 retire batches
@@ -575,4 +578,39 @@ Test(park, a_refill_meets_a_release, .timeout = 60) {
   cr_assert_eq(magpool_free(pool, a.got), 0);
   gate_release(&g, s);
   finish(pool, 64 * MiB, &s, 1);
+}
+
+/* Extent blocks (src/extent.c) on a park: a capped chunked pool caches
+ * blocks up to 256 KiB, so a 576 KiB block freed on S (held by a gate)
+ * is parked, costed by its 9 granules.  An allocation on S of 513 KiB (9
+ * granules too) reuses it at once; one of 700 KiB (11 granules) of the
+ * same order does not: the parked block is too small for it. */
+Test(park, an_extent_block_is_reused_on_its_stream_when_it_fits, .timeout = 60) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .growth = 1, .max = 128 * MiB});
+  cr_assert_not_null(pool->chunks);
+  cr_assert_eq(pool->cfg.cache_max_block, 256 * KiB);
+  magpool_stream_t s = stream_new();
+  gate g;
+  gate_hold(&g, s);
+  void *x = magpool_alloc_async(pool, 576 * KiB, s);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_usable_size(pool, x), 576 * KiB);
+  cr_assert_eq(magpool_free_async(pool, x, s), 0);
+  cr_assert_eq(atomic_load(&entry_of(pool, s)->park.bytes), 576 * KiB, "not parked by its granules");
+  void *z = magpool_alloc_async(pool, 700 * KiB, s);
+  cr_assert_not_null(z);
+  cr_assert_neq(z, x, "a 576 KiB block served 700 KiB");
+  cr_assert_eq(magpool_usable_size(pool, z), 704 * KiB);
+  void *y = magpool_alloc_async(pool, 513 * KiB, s);
+  cr_assert_eq(y, x, "the parked block was not reused on its stream");
+  cr_assert_eq(magpool_usable_size(pool, y), 576 * KiB);
+  cr_assert_eq(magpool_free_async(pool, y, s), 0);
+  cr_assert_eq(magpool_free_async(pool, z, s), 0);
+  gate_release(&g, s);
+  cr_assert_eq(magpool_stream_release(pool, s), 0);
+  cr_assert_eq(magpool_host_stream_sync(s), 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  mpt_assert_all_free(pool);
+  cr_assert_eq(magpool_host_stream_destroy(s), 0);
+  mpt_pool_done(pool);
 }

@@ -1,0 +1,176 @@
+/* extent.c - extent blocks: a chunked pool's blocks below a chunk of the
+ * orders no cache holds (c->xlo up to the chunk's) take whole granules,
+ * a 32nd of a chunk each, as many as the request needs, in a row inside
+ * one chunk of the tree's half, rather than their power of two.  Layer 2.
+ *
+ * Why: the buddy order of a block from half a chunk to a chunk rounds a
+ * 576 KiB tensor up to 1 MiB, so a chunk holds two where it could hold
+ * three, and a pool capped at cudaMalloc's footprint + 2 % ran out with
+ * 26 chunks empty (vit_train_varbatch, docs/benchmarks.md).  Cached
+ * orders keep their power of two: any block of a class must serve any
+ * request of it with no check on the fast path.
+ *
+ * The tree holds an extent block as the aligned pieces of its range (the
+ * greedy split of [a, a + n) granules: at each step the largest block
+ * aligned at the position that does not pass the end; at most
+ * 2 x MP_EXTENT_SPAN of them).  No new shared state: every piece is a
+ * tree block, claimed with mp_tree_claim_at's CAS and given back with
+ * mp_tree_free, so the tree's own argument (tree.c) covers the hand-over
+ * of each piece.  Any split of an owned range into aligned pieces may go
+ * back, not only the one that claimed it.
+ *
+ * Invariants (mp_extent_check, via magpool_check, quiescent):
+ *   E1  A block of extent order o out of the tree, starting at unit u,
+ *       has n = mp_extent_read(u) granules, 1 <= n <= 2^(o - gord); u is
+ *       granule aligned and the n granules lie in one chunk; n == 2^(o -
+ *       gord) only for a block aligned to its order.
+ *   E2  n granules hold the block's request (bs - slack).
+ *   E3  No free block of the tree overlaps it.
+ *   E4  Its chunk's busy count includes n granules' units (C4 sums it).
+ * The extent word lives in the block's fourth header word (its order
+ * bits 0, so it reads as no block): written by the taker before the
+ * block is counted, read by whoever gives it back, who holds the block
+ * through the same hand-over as its contents.
+ *
+ * Placement (mp_extent_fit): the fullest busy chunks by their counts
+ * (mp_chunks_fullest), and in each the granules that are free in free
+ * tree blocks (mp_tree_free_mask: one bitmap word a level); the smallest
+ * row of free granules that holds n, at its low end.  A claim that loses
+ * a piece to another take gives back the pieces it got and tries the next
+ * chunk (MP_HOOK_EXTENT_FOUND opens that window in the tests).  With no
+ * row anywhere, the caller takes an aligned block of the next power of
+ * two of granules from the tree as before and trims its tail
+ * (mp_extent_trim), so the chunk it opens has room for the next. */
+#include "extent.h"
+
+/* Chunks a take looks at: fullest first, and the lowest it scans. */
+#define MP_EXTENT_TRIES 8
+#define MP_PACK_SCAN 1024
+
+void mp_extents_setup(magpool_t *pool) {
+  mp_chunks *c = pool->chunks;
+  unsigned cord = c->shift - pool->min_shift;
+  c->hdr0 = pool->regions[0]->hdr;
+  c->xlo = cord;
+  /* The extent word needs four header words in a granule. */
+  if (cord < MP_EXTENT_SPAN + 2) return;
+  c->gord = cord - MP_EXTENT_SPAN;
+  unsigned lo = pool->nclasses > pool->s_nclasses ? pool->nclasses : pool->s_nclasses;
+  if (lo < c->gord + 1) lo = c->gord + 1;
+  if (lo < cord) c->xlo = lo;
+}
+
+unsigned mp_chunks_fullest(magpool_t *pool, uint64_t units, uint64_t *cand, unsigned max) {
+  mp_chunks *c = pool->chunks;
+  uint64_t per = (uint64_t)1 << (c->shift - pool->min_shift);
+  uint64_t top = mp_load_relaxed(&c->tree_top);
+  uint32_t cb[MP_EXTENT_TRIES];
+  unsigned n = 0;
+  if (max > MP_EXTENT_TRIES) max = MP_EXTENT_TRIES;
+  for (uint64_t ch = 0; ch < top && ch < MP_PACK_SCAN; ch++) {
+    uint32_t b = mp_load_relaxed(&c->busy[ch]);
+    if (b == 0 || per - b < units) continue; /* empty, or too full */
+    /* Insert into the fullest max, fullest first. */
+    unsigned k = n < max ? n++ : max;
+    for (; k > 0 && cb[k - 1] < b; k--)
+      if (k < max) cand[k] = cand[k - 1], cb[k] = cb[k - 1];
+    if (k < max) cand[k] = ch, cb[k] = b;
+  }
+  return n;
+}
+
+/* The order, above the granule's, of the piece at granule x of a range
+ * ending at granule end. */
+static inline unsigned piece(uint64_t x, uint64_t end) {
+  unsigned k = x == 0 ? 63 : mp_ctz64(x), f = mp_log2_floor(end - x);
+  return k < f ? k : f;
+}
+
+/* Gives back granules [x, end) (owned) as their pieces. */
+static void put_range(mp_tree *t, uint64_t x, uint64_t end, unsigned g, bool merge) {
+  while (x < end) {
+    unsigned k = piece(x, end);
+    if (merge) mp_tree_free(t, x << g, g + k);
+    else mp_tree_release(t, x << g, g + k);
+    x += (uint64_t)1 << k;
+  }
+}
+
+/* Claims granules [a, a + n) piece by piece; on a lost piece gives back
+ * the ones it got. */
+static bool claim_range(mp_tree *t, uint64_t a, uint32_t n, unsigned g) {
+  uint64_t end = a + n;
+  for (uint64_t x = a; x < end;) {
+    unsigned k = piece(x, end);
+    if (mp_tree_claim_at(t, x << g, g + k) < 0) {
+      put_range(t, a, x, g, true);
+      return false;
+    }
+    x += (uint64_t)1 << k;
+  }
+  return true;
+}
+
+/* The start of the smallest row of set bits of m that holds n, or -1. */
+static int best_row(uint64_t m, uint32_t n) {
+  int best = -1;
+  unsigned blen = 65;
+  while (m != 0) {
+    unsigned s = mp_ctz64(m), len = mp_ctz64(~(m >> s)); /* m < 2^32: ~ has a 0 */
+    if (len >= n && len < blen) best = (int)s, blen = len;
+    m &= ~((((uint64_t)1 << len) - 1) << s);
+  }
+  return best;
+}
+
+/* The row for n granules in chunk ch, claimed; -1: none, or lost. */
+static int64_t fit_in(magpool_t *pool, mp_region *r, uint64_t ch, uint32_t n) {
+  mp_chunks *c = pool->chunks;
+  unsigned cord = c->shift - pool->min_shift, g = c->gord;
+  uint64_t lo = ch << cord;
+  int s = best_row(mp_tree_free_mask(&r->tree, lo, cord, g), n);
+  if (s < 0) return -1;
+  uint64_t off = lo + ((uint64_t)s << g);
+  MP_HOOK(MP_HOOK_EXTENT_FOUND, r->base + (off << pool->min_shift));
+  return claim_range(&r->tree, off >> g, n, g) ? (int64_t)off : -1;
+}
+
+int64_t mp_extent_fit(magpool_t *pool, mp_region *r, uint32_t n) {
+  mp_chunks *c = pool->chunks;
+  /* First the chunk of the last extent given: a step of a training loop
+   * frees and takes blocks of the same sizes. */
+  uint64_t h = mp_load_relaxed(&c->xhint), cand[MP_EXTENT_TRIES];
+  int64_t off;
+  if (h < mp_load_relaxed(&c->tree_top) && mp_load_relaxed(&c->busy[h]) != 0 &&
+      (off = fit_in(pool, r, h, n)) >= 0)
+    return off;
+  unsigned k = mp_chunks_fullest(pool, (uint64_t)n << c->gord, cand, MP_EXTENT_TRIES);
+  for (unsigned i = 0; i < k; i++)
+    if (cand[i] != h && (off = fit_in(pool, r, cand[i], n)) >= 0) return off;
+  return -1;
+}
+
+void mp_extent_trim(magpool_t *pool, mp_region *r, uint64_t off, unsigned order, uint32_t n) {
+  unsigned g = pool->chunks->gord;
+  put_range(&r->tree, (off >> g) + n, (off + ((uint64_t)1 << order)) >> g, g, true);
+}
+
+void mp_extent_put(magpool_t *pool, mp_region *r, uint64_t off, uint32_t n, bool merge) {
+  unsigned g = pool->chunks->gord;
+  put_range(&r->tree, off >> g, (off >> g) + n, g, merge);
+}
+
+int mp_extent_check(magpool_t *pool, mp_region *r, uint64_t u, unsigned o, uint32_t w,
+                    uint64_t *cost) {
+  mp_chunks *c = pool->chunks;
+  unsigned g = c->gord, cord = c->shift - pool->min_shift;
+  uint64_t n = mp_extent_read(pool, u), full = (uint64_t)1 << (o - g);
+  size_t req = mp_block_bytes(pool, o) - mp_hdr_slack(&c->hdr0[u], w);
+  if ((u & (((uint64_t)1 << g) - 1)) != 0 || n == 0 || n > full) return MAGPOOL_EINVAL; /* E1 */
+  if (n == full && (u & (((uint64_t)1 << o) - 1)) != 0) return MAGPOOL_EINVAL;
+  if ((u >> cord) != ((u + (n << g) - 1) >> cord)) return MAGPOOL_EINVAL;
+  if ((n << (g + pool->min_shift)) < req) return MAGPOOL_EINVAL; /* E2 */
+  if (mp_tree_any_free(&r->tree, u, n << g)) return MAGPOOL_EINVAL; /* E3 */
+  *cost = n << (g + pool->min_shift);
+  return 0;
+}
