@@ -261,6 +261,18 @@ static void *take_block(void *arg) {
   return NULL;
 }
 
+/* Starts t's take in a thread of its own and returns once it stopped at
+ * hook `point` with argument `at` (a find, not yet claimed). */
+static pthread_t take_stopped_at(taker *t, int point, void *at) {
+  race_chunk = at;
+  race_point = point;
+  mp_hook_set(race_hook);
+  pthread_t th;
+  pthread_create(&th, NULL, take_block, t);
+  flag_wait(&race_stopped);
+  return th;
+}
+
 static void *trim_it(void *arg) {
   race_stop_me = 1;
   magpool_trim(arg);
@@ -671,13 +683,8 @@ Test(chunks, a_capped_pool_packs_tree_blocks_into_the_fullest_chunk) {
 Test(races, a_pack_whose_block_is_taken_meanwhile) {
   void *a[4], *b[4];
   magpool_t *pool = pack_setup(64 * MiB, a, b);
-  race_chunk = b[0];
-  race_point = MP_HOOK_PACK_FOUND;
-  mp_hook_set(race_hook);
   taker t = {pool, NULL, 1, 512 * KiB};
-  pthread_t th;
-  pthread_create(&th, NULL, take_block, &t);
-  flag_wait(&race_stopped); /* found, not claimed */
+  pthread_t th = take_stopped_at(&t, MP_HOOK_PACK_FOUND, b[0]);
   void *x[2] = {magpool_alloc(pool, 512 * KiB), NULL};
   cr_assert_eq(x[0], b[0], "the other take did not pack into b0's block");
   memset(x[0], 0x11, 512 * KiB);
@@ -759,13 +766,8 @@ Test(races, an_extent_whose_piece_is_taken_meanwhile) {
   cr_assert_not_null(x);
   char *a = (char *)((uintptr_t)x & ~(uintptr_t)(CHUNK - 1));
   cr_assert_eq(x, a, "x is not at its chunk's start");
-  race_chunk = a + 576 * KiB;
-  race_point = MP_HOOK_EXTENT_FOUND;
-  mp_hook_set(race_hook);
   taker t = {pool, NULL, 1, 576 * KiB};
-  pthread_t th;
-  pthread_create(&th, NULL, take_block, &t);
-  flag_wait(&race_stopped); /* found, not claimed */
+  pthread_t th = take_stopped_at(&t, MP_HOOK_EXTENT_FOUND, a + 576 * KiB);
   char *y = magpool_alloc(pool, 128 * KiB);
   cr_assert_eq(y, a + 640 * KiB, "the other take did not claim granules 10-11");
   memset(y, 0x11, 128 * KiB);
