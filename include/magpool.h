@@ -441,9 +441,11 @@ MAGPOOL_API int magpool_destroy(magpool_t *pool);
  * PINNED pools to what cudaMalloc / cudaHostAlloc give (at least 256 B).
  * Chunked pools (HOST and DEVICE pools whose pool_size is whole chunks or
  * is rounded up to them; see chunk_size): a block under a chunk is as
- * above, but one of a size no cache holds (larger than cache_max_block) is
- * an extent block: the request rounded up to whole granules of chunk_size
- * / 32, aligned to a granule, inside one chunk, and that is its usable
+ * above, but one of a size no cache holds (larger than cache_max_block,
+ * or than half of thread_cache_bytes and of stream_cache_bytes) and of two
+ * granules or more is an extent block: the request rounded up to whole
+ * granules of chunk_size / 32, aligned to a granule, inside one chunk,
+ * and that is its usable
  * size (a request that needs its whole power of two gets it, aligned to
  * it); a larger request that no cache serves gets a run of whole chunks,
  * aligned to the chunk, whose usable size is the request rounded up to
