@@ -26,6 +26,12 @@
 //      while s is in use; once the program has released s, every async
 //      call on s during its capture answers MAGPOOL_ECAPTURE (the blocks
 //      stay allocated), the capture ends cleanly, and s works after it.
+//   6. Extent blocks (src/extent.c) on a capped DEVICE pool: three 576 KiB
+//      blocks share one chunk, 576 KiB usable each; a kernel fills each
+//      whole and the host reads all three back (an overlap would break a
+//      neighbour's pattern); cudaMemset over one whole block leaves the
+//      other two as they were; an async block on a stream, freed there,
+//      serves the stream's next request of the same granules.
 //
 // Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
 #include <cuda_runtime.h>
@@ -513,6 +519,66 @@ void test_idle() {
   std::printf("gpu_basic: passed streams done\n");
 }
 
+void test_capped_extents() {
+  const size_t B = 576u << 10, N = B / 4;
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.kind = MAGPOOL_MEM_DEVICE;
+  cfg.pool_size = 8u << 20;
+  cfg.allow_growth = 1;
+  cfg.max_pool_size = 64u << 20;
+  magpool_t *pool = nullptr;
+  int rc = magpool_create(&cfg, &pool);
+  REQUIRE(rc == 0 && pool != nullptr, "capped DEVICE pool: %s", magpool_strerror(rc));
+  uint32_t *p[3];
+  for (int i = 0; i < 3; i++) {
+    p[i] = (uint32_t *)magpool_alloc(pool, B);
+    REQUIRE(p[i] != nullptr, "extent block %d: %s", i, magpool_strerror(magpool_last_error()));
+    EXPECT(magpool_usable_size(pool, p[i]) == B, "extent block %d: usable %zu", i,
+           magpool_usable_size(pool, p[i]));
+    EXPECT((uintptr_t)p[i] >> 21 == (uintptr_t)p[0] >> 21, "extent block %d not in block 0's chunk",
+           i);
+    k_fill<<<64, 256>>>(p[i], N, 0x500u + i);
+  }
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<uint32_t> h(N);
+  for (int i = 0; i < 3; i++) {
+    CK(cudaMemcpy(h.data(), p[i], B, cudaMemcpyDeviceToHost));
+    EXPECT(host_count_bad(h.data(), N, 0x500u + i) == 0, "extent block %d read back wrong", i);
+  }
+  CK(cudaMemset(p[1], 0xab, B));
+  CK(cudaMemcpy(h.data(), p[1], B, cudaMemcpyDeviceToHost));
+  size_t off = 0;
+  for (size_t i = 0; i < N; i++) off += h[i] != 0xababababu;
+  EXPECT(off == 0, "cudaMemset over extent block 1: %zu words differ", off);
+  for (int i = 0; i < 3; i += 2) {
+    CK(cudaMemcpy(h.data(), p[i], B, cudaMemcpyDeviceToHost));
+    EXPECT(host_count_bad(h.data(), N, 0x500u + i) == 0, "block %d changed by block 1's memset", i);
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void *a = magpool_alloc_async(pool, B, (magpool_stream_t)s);
+  REQUIRE(a != nullptr, "async extent block: %s", magpool_strerror(magpool_last_error()));
+  k_fill<<<64, 256, 0, s>>>((uint32_t *)a, N, 0x77u);
+  EXPECT(magpool_free_async(pool, a, (magpool_stream_t)s) == 0, "free_async extent block");
+  void *b = magpool_alloc_async(pool, B - 1000, (magpool_stream_t)s);
+  EXPECT(b == a, "the stream's next request of 9 granules got %p, not its freed %p", b, a);
+  if (b != nullptr) EXPECT(magpool_free_async(pool, b, (magpool_stream_t)s) == 0, "free_async b");
+  CK(cudaGetLastError());
+  for (int i = 0; i < 3; i++) EXPECT(magpool_free(pool, p[i]) == 0, "free extent block %d", i);
+  EXPECT(magpool_stream_release(pool, (magpool_stream_t)s) == 0, "release");
+  CK(cudaStreamSynchronize(s));
+  CK(cudaStreamDestroy(s));
+  EXPECT(magpool_trim(pool) == 0, "trim");
+  magpool_stats_t st;
+  EXPECT(magpool_get_stats(pool, &st) == 0 && st.used_bytes == 0 && st.pending_bytes == 0,
+         "capped pool not empty: used %zu pending %zu", st.used_bytes, st.pending_bytes);
+  EXPECT(magpool_check(pool) == 0, "capped pool: magpool_check");
+  EXPECT(magpool_destroy(pool) == 0, "destroy capped pool");
+  std::printf("gpu_basic: extent blocks ok\n");
+}
+
 }  // namespace
 
 int main() {
@@ -530,6 +596,7 @@ int main() {
   test_capture();
   test_capture_unchecked();
   test_idle();
+  test_capped_extents();
   std::printf("gpu_basic: %s (%d failures)\n", g_fail ? "FAIL" : "PASS", g_fail);
   return g_fail ? 1 : 0;
 }
