@@ -319,9 +319,11 @@ static void give(magpool_t *pool, mp_acct *a, void *p, unsigned order, bool merg
     mp_extent_put(pool, r, off, (uint32_t)(cost >> (pool->chunks->gord + pool->min_shift)), merge);
     uint64_t ch = (uint64_t)((char *)p - r->base) >> pool->chunks->shift;
     if (mp_load_relaxed(&pool->chunks->xhint) != ch) mp_store_relaxed(&pool->chunks->xhint, ch);
+  } else if (merge) {
+    mp_tree_free(&r->tree, off, order);
+  } else {
+    mp_tree_release(&r->tree, off, order);
   }
-  else if (merge) mp_tree_free(&r->tree, off, order);
-  else mp_tree_release(&r->tree, off, order);
   acct_add(pool, a, -cost);
 }
 
