@@ -22,16 +22,6 @@ static inline uint32_t mp_extent_granules(const magpool_t *pool, size_t need) {
   return need == 0 ? 1 : (uint32_t)((need + ((size_t)1 << gs) - 1) >> gs);
 }
 
-/* The extent word of the block at unit u of the tree's half: its granules,
- * written in the block's fourth header word, whose order bits stay 0 (it
- * reads as "no block", hdr.h).  Relaxed, as every header word. */
-static inline void mp_extent_mark(const magpool_t *pool, uint64_t u, uint32_t n) {
-  mp_store_relaxed(&pool->chunks->hdr0[u + 3], n << 7);
-}
-static inline uint32_t mp_extent_read(const magpool_t *pool, uint64_t u) {
-  return mp_load_relaxed(&pool->chunks->hdr0[u + 3]) >> 7;
-}
-
 /* Sets xlo and gord from the pool's cache classes.  Create only, after
  * the classes are known. */
 void mp_extents_setup(magpool_t *pool);

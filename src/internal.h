@@ -129,6 +129,17 @@ static inline size_t mp_block_bytes(const magpool_t *pool, unsigned order) {
   return (size_t)1 << (order + pool->min_shift);
 }
 
+/* The extent word of the block at unit u of the tree's half (extent.c):
+ * its granules, written in the block's fourth header word, whose order
+ * bits stay 0 (it reads as "no block", hdr.h).  Relaxed, as every header
+ * word. */
+static inline void mp_extent_mark(const magpool_t *pool, uint64_t u, uint32_t n) {
+  mp_store_relaxed(&pool->chunks->hdr0[u + 3], n << 7);
+}
+static inline uint32_t mp_extent_read(const magpool_t *pool, uint64_t u) {
+  return mp_load_relaxed(&pool->chunks->hdr0[u + 3]) >> 7;
+}
+
 /* What a block out of the tree costs in memory, the unit of every byte
  * count of the pool (acct.held, pending, used): its size, except on a
  * chunked pool for a block of a chunk or more, where only the chunks
@@ -140,9 +151,8 @@ static inline size_t mp_block_cost(const magpool_t *pool, const void *p, unsigne
   const mp_chunks *c = pool->chunks;
   if (MP_LIKELY(c == NULL || order < c->xlo)) return bs;
   uint64_t off = (uint64_t)((const char *)p - c->base);
-  if (bs < c->chunk) /* the extent word (extent.c) */
-    return (size_t)(mp_load_relaxed(&c->hdr0[(off >> pool->min_shift) + 3]) >> 7)
-           << (c->gord + pool->min_shift);
+  if (bs < c->chunk) /* an extent block's granules */
+    return (size_t)mp_extent_read(pool, off >> pool->min_shift) << (c->gord + pool->min_shift);
   return (size_t)mp_load_relaxed(&c->ext[off >> c->shift]) << c->shift;
 }
 
@@ -162,7 +172,6 @@ static inline size_t mp_request_cost(const magpool_t *pool, unsigned order, size
   }
   return (size_t)mp_chunks_for(c, size) << c->shift;
 }
-
 
 /* Run of chunks (runs.c) for one request, not a buddy block? */
 static inline bool mp_run_order(const magpool_t *pool, unsigned order) {

@@ -247,6 +247,16 @@ static int64_t pack_pick(magpool_t *pool, mp_region *r, unsigned order) {
   return -1;
 }
 
+/* A block of `order` from region r's tree: on a chunked pool packed
+ * (pack_pick) or at the lowest address, then moved into mapped memory
+ * if it landed in an unmapped chunk (prefer_mapped).  -1: none. */
+static int64_t tree_pick(magpool_t *pool, mp_region *r, unsigned order) {
+  int64_t off = pool->chunks != NULL ? pack_pick(pool, r, order) : -1;
+  if (off < 0) off = mp_tree_alloc(&r->tree, order);
+  if (off >= 0 && pool->chunks != NULL) off = prefer_mapped(pool, r, off, order);
+  return off;
+}
+
 /* An extent block (extent.c) of `need` bytes: a row of granules in a
  * busy chunk, else an aligned block of the next power of two of granules
  * from the tree, its tail given back.  A request that needs the whole
@@ -258,8 +268,7 @@ static void *take_extent(magpool_t *pool, mp_acct *a, unsigned order, size_t nee
   int64_t off = n < ((uint32_t)1 << (order - g)) ? mp_extent_fit(pool, r, n) : -1;
   if (off < 0) {
     unsigned o2 = g + mp_log2_ceil(n);
-    if ((off = pack_pick(pool, r, o2)) < 0 && (off = mp_tree_alloc(&r->tree, o2)) < 0) return NULL;
-    off = prefer_mapped(pool, r, off, o2);
+    if ((off = tree_pick(pool, r, o2)) < 0) return NULL;
     mp_extent_trim(pool, r, (uint64_t)off, o2, n);
   }
   mp_extent_mark(pool, (uint64_t)off, n);
@@ -281,10 +290,8 @@ static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int 
   for (unsigned i = 0; i < n; i++) {
     mp_region *r = pool->regions[i];
     if (order > r->tree.top) continue;
-    int64_t off = pool->chunks != NULL ? pack_pick(pool, r, order) : -1;
-    if (off < 0) off = mp_tree_alloc(&r->tree, order);
+    int64_t off = tree_pick(pool, r, order);
     if (off >= 0) {
-      if (pool->chunks != NULL) off = prefer_mapped(pool, r, off, order);
       char *p = r->base + ((size_t)off << pool->min_shift);
       if (pool->chunks != NULL && mp_chunks_acquire(pool, p, order, need, grow) != 0) {
         /* No memory for it under the cap: nothing was counted. */
