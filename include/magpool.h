@@ -154,21 +154,25 @@ typedef struct magpool_config {
                                 default 1 MiB.  A chunked pool lowers it
                                 to chunk_size, and without chunk groups
                                 (chunk_groups 0, the default with a
-                                max_pool_size) to chunk_size / 8.  On a
-                                chunked pool a block below a chunk of a
-                                size no cache holds is an extent block:
-                                it takes only the granules (chunk_size /
-                                32; 64 KiB by default) its request needs,
-                                in a row inside one chunk, not its power
-                                of two (magpool_alloc).  Where the
-                                footprint matters more than the speed of
-                                blocks of 256 KiB to 1 MiB, 256 KiB on an
-                                uncapped pool does the same there
-                                (vit_train_varbatch: 1.077-1.082 of its
-                                peak live bytes against 1.094-1.101),
-                                for 200-2,400 more instructions an
-                                allocation and free of such a block
-                                (docs/benchmarks.md)                    */
+                                max_pool_size) to chunk_size / 256 (8
+                                KiB).  On a chunked pool a block below a
+                                chunk of a size no cache holds is an
+                                extent block: it takes only the granules
+                                (chunk_size / 512; 4 KiB by default) its
+                                request needs, in a row inside one
+                                chunk, not its power of two
+                                (magpool_alloc).  So a capped pool holds
+                                4,000 live 136 KiB blocks within 1.024 of
+                                their bytes where their power of two
+                                would take 1.88, at the price of a take
+                                from the shared tree for each allocation
+                                and free from 8 KiB to a chunk (about
+                                1,000-2,000 instructions where a cache
+                                hit costs tens; docs/benchmarks.md).
+                                Where the footprint matters more than
+                                the speed of blocks of 256 KiB to 1 MiB,
+                                256 KiB on an uncapped pool does the
+                                same there                              */
   size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks
                                 it freed on streams, for reuse on the
                                 stream each was freed on, before a batch
@@ -285,9 +289,9 @@ typedef struct magpool_config {
                                 to 1,024 chunks' counts on each such
                                 take from the shared tree; cache hits
                                 are unchanged), and the caches keep
-                                blocks up to chunk_size / 8 only, so that
-                                larger ones below a chunk are extent
-                                blocks (cache_max_block).
+                                blocks up to chunk_size / 256 only, so
+                                that larger ones below a chunk are
+                                extent blocks (cache_max_block).
                                 Default -1: 0 with a max_pool_size, else
                                 1.  Other values: MAGPOOL_EINVAL at
                                 create                                   */
@@ -444,7 +448,7 @@ MAGPOOL_API int magpool_destroy(magpool_t *pool);
  * above, but one of a size no cache holds (larger than cache_max_block,
  * or than half of thread_cache_bytes and of stream_cache_bytes) and of two
  * granules or more is an extent block: the request rounded up to whole
- * granules of chunk_size / 32, aligned to a granule, inside one chunk,
+ * granules of chunk_size / 512, aligned to a granule, inside one chunk,
  * and that is its usable
  * size (a request that needs its whole power of two gets it, aligned to
  * it); a larger request that no cache serves gets a run of whole chunks,

@@ -1,14 +1,19 @@
 /* extent.c - extent blocks: a chunked pool's blocks below a chunk of the
  * orders no cache holds (c->xlo up to the chunk's) take whole granules,
- * a 32nd of a chunk each, as many as the request needs, in a row inside
- * one chunk of the tree's half, rather than their power of two.  Layer 2.
+ * a 512th of a chunk each (4 KiB of 2 MiB), as many as the request needs,
+ * in a row inside one chunk of the tree's half, rather than their power
+ * of two.  Layer 2.
  *
  * Why: the buddy order of a block from half a chunk to a chunk rounds a
  * 576 KiB tensor up to 1 MiB, so a chunk holds two where it could hold
  * three, and a pool capped at cudaMalloc's footprint + 2 % ran out with
- * 26 chunks empty (vit_train_varbatch, docs/benchmarks.md).  Cached
- * orders keep their power of two: any block of a class must serve any
- * request of it with no check on the fast path.
+ * 26 chunks empty (vit_train_varbatch, docs/benchmarks.md); and 4,000
+ * live blocks of 136 KiB took 256 KiB each, so a pool capped at
+ * cudaMalloc's + 2 % failed at the 2,176th.  A capped pool's caches hold
+ * blocks up to a 256th of a chunk (pool.c), so its blocks from 8 KiB to
+ * a chunk are extent blocks.  Cached orders keep their power of two: any
+ * block of a class must serve any request of it with no check on the
+ * fast path.
  *
  * The tree holds an extent block as the aligned pieces of its range (the
  * greedy split of [a, a + n) granules: at each step the largest block
@@ -34,7 +39,7 @@
  *
  * Placement (mp_extent_fit): the fullest busy chunks by their counts
  * (mp_chunks_fullest), and in each the granules that are free in free
- * tree blocks (mp_tree_free_mask: one bitmap word a level); the smallest
+ * tree blocks (mp_tree_free_mask: the chunk's bitmap words, level by level); the smallest
  * row of free granules that holds n, at its low end.  A claim that loses
  * a piece to another take gives back the pieces it got and tries the next
  * chunk (MP_HOOK_EXTENT_FOUND opens that window in the tests).  With no
@@ -52,9 +57,10 @@ void mp_extents_setup(magpool_t *pool) {
   unsigned cord = c->shift - pool->min_shift;
   c->hdr0 = pool->regions[0]->hdr;
   c->xlo = cord;
-  /* The extent word needs four header words in a granule. */
-  if (cord < MP_EXTENT_SPAN + 2) return;
-  c->gord = cord - MP_EXTENT_SPAN;
+  /* The extent word needs four header words in a granule: at least 2^2
+   * units (a chunk of fewer than 2^11 units has fewer granules). */
+  if (cord < 3) return;
+  c->gord = cord >= MP_EXTENT_SPAN + 2 ? cord - MP_EXTENT_SPAN : 2;
   unsigned lo = pool->nclasses > pool->s_nclasses ? pool->nclasses : pool->s_nclasses;
   if (lo < c->gord + 1) lo = c->gord + 1;
   if (lo < cord) c->xlo = lo;
@@ -111,14 +117,29 @@ static bool claim_range(mp_tree *t, uint64_t a, uint32_t n, unsigned g) {
   return true;
 }
 
-/* The start of the smallest row of set bits of m that holds n, or -1. */
-static int best_row(uint64_t m, uint32_t n) {
-  int best = -1;
-  unsigned blen = 65;
-  while (m != 0) {
-    unsigned s = mp_ctz64(m), len = mp_ctz64(~(m >> s)); /* m < 2^32: ~ has a 0 */
-    if (len >= n && len < blen) best = (int)s, blen = len;
-    m &= ~((((uint64_t)1 << len) - 1) << s);
+/* The first bit at or after x of the nw words of m that is set (`set`)
+ * or clear; nw * 64 if none. */
+static uint64_t next_bit(const uint64_t *m, unsigned nw, uint64_t x, bool set) {
+  unsigned k = (unsigned)(x / 64);
+  if (k >= nw) return (uint64_t)nw * 64;
+  uint64_t w = (set ? m[k] : ~m[k]) & (~(uint64_t)0 << (x % 64));
+  while (w == 0) {
+    if (++k == nw) return (uint64_t)nw * 64;
+    w = set ? m[k] : ~m[k];
+  }
+  return (uint64_t)k * 64 + mp_ctz64(w);
+}
+
+/* The start of the smallest row of set bits of m (nw words) that holds
+ * n, or -1. */
+static int64_t best_row(const uint64_t *m, unsigned nw, uint32_t n) {
+  int64_t best = -1;
+  uint64_t blen = UINT64_MAX, end = (uint64_t)nw * 64;
+  for (uint64_t x = 0; x < end && blen != n;) {
+    uint64_t s = next_bit(m, nw, x, true);
+    if (s >= end) break;
+    x = next_bit(m, nw, s, false);
+    if (x - s >= n && x - s < blen) best = (int64_t)s, blen = x - s;
   }
   return best;
 }
@@ -126,9 +147,10 @@ static int best_row(uint64_t m, uint32_t n) {
 /* The row for n granules in chunk ch, claimed; -1: none, or lost. */
 static int64_t fit_in(magpool_t *pool, mp_region *r, uint64_t ch, uint32_t n) {
   mp_chunks *c = pool->chunks;
-  unsigned cord = c->shift - pool->min_shift, g = c->gord;
-  uint64_t lo = ch << cord;
-  int s = best_row(mp_tree_free_mask(&r->tree, lo, cord, g), n);
+  unsigned cord = c->shift - pool->min_shift, g = c->gord, span = cord - g;
+  uint64_t lo = ch << cord, m[MP_EXTENT_WORDS];
+  mp_tree_free_mask(&r->tree, lo, cord, g, m);
+  int64_t s = best_row(m, span > 6 ? 1u << (span - 6) : 1, n);
   if (s < 0) return -1;
   uint64_t off = lo + ((uint64_t)s << g);
   MP_HOOK(MP_HOOK_EXTENT_FOUND, r->base + (off << pool->min_shift));

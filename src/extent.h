@@ -1,14 +1,16 @@
 /* extent.h - extent blocks (extent.c): on a chunked pool, a block of an
- * order no cache holds and below a chunk takes only the granules (a 32nd
- * of a chunk) its request needs, anywhere in one chunk, not its power of
+ * order no cache holds and below a chunk takes only the granules (a
+ * 512th of a chunk) its request needs, anywhere in one chunk, not its power of
  * two.  Layer 2; data: types.h (mp_chunks: xlo, gord, hdr0). */
 #ifndef MAGPOOL_EXTENT_H
 #define MAGPOOL_EXTENT_H
 
 #include "internal.h"
 
-/* log2 of the granules in a chunk. */
-#define MP_EXTENT_SPAN 5
+/* log2 of the granules in a chunk (fewer in a chunk of under 2^11
+ * units), and the words of a chunk's granule mask (mp_tree_free_mask). */
+#define MP_EXTENT_SPAN 9
+#define MP_EXTENT_WORDS ((1u << MP_EXTENT_SPAN) / 64)
 
 /* An extent block's order: a chunked pool's, below a chunk, not cached. */
 static inline bool mp_extent_order(const magpool_t *pool, unsigned order) {

@@ -160,10 +160,11 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   if (rc == MAGPOOL_ENOTSUP) rc = mp_region_add(pool, c.pool_size);
   if (rc != 0) goto fail_src;
   /* A cached block lies within one chunk; without chunk groups (footprint
-   * first) within an eighth of one, and larger ones below a chunk are
-   * extent blocks (extent.c). */
+   * first) within a 256th of one (8 KiB of 2 MiB), and larger ones below
+   * a chunk are extent blocks (extent.c), whose granules hold a 136 KiB
+   * request in 136 KiB where its power of two would take 256. */
   size_t cmax = pool->chunks == NULL ? SIZE_MAX
-                : pool->chunks->chunk >> (pool->cfg.chunk_groups ? 0 : 3);
+                : pool->chunks->chunk >> (pool->cfg.chunk_groups ? 0 : 8);
   if (pool->cfg.cache_max_block > cmax) {
     pool->cfg.cache_max_block = cmax;
     pool->nclasses = cache_classes(pool, pool->cfg.thread_cache_bytes, pool->mag_cap);

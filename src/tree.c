@@ -42,10 +42,13 @@
  *         a restart, never a wrong claim);
  *       - mp_tree_coalesce_all's scan only proposes pairs to
  *         mp_tree_merge, which claims them with a CAS;
- *       - level_any_below and mp_tree_is_free are queries whose answer is
+ *       - level_any_below and tree_query.c's mp_tree_is_free,
+ *         mp_tree_find_in and mp_tree_any_free are queries whose answer is
  *         a snapshot by contract (exact only on a quiescent tree).
  *     Acquire there (rather than relaxed) keeps a reader that acts on a
- *     set bit ordered after the release that set it.
+ *     set bit ordered after the release that set it.  mp_tree_free_mask
+ *     (tree_query.c) reads relaxed: its mask is only a hint of where to
+ *     try mp_tree_claim_at, whose CAS orders what the claimer reads.
  *
  * (d) No double claim.  A claim is a CAS that clears one set bit; two
  *     claimers of one bit cannot both succeed.  A pair merge is a CAS that
@@ -256,33 +259,6 @@ int64_t mp_tree_claim_at(mp_tree *t, uint64_t off, unsigned order) {
   return -1;
 }
 
-int64_t mp_tree_find_in(const mp_tree *t, uint64_t lo, unsigned span, unsigned order) {
-  for (unsigned p = order; p < span && p <= t->top; p++) {
-    uint64_t nb = (uint64_t)1 << (span - p), i = lo >> p;
-    if (nb > 64) continue; /* finer than a word: not looked at */
-    uint64_t mask = nb == 64 ? ~(uint64_t)0 : ((((uint64_t)1 << nb) - 1) << (i % 64));
-    /* ACQUIRE, as every first read before a claim: only a candidate,
-     * which mp_tree_claim_at's CAS validates. */
-    uint64_t w = mp_load_acquire(&t->level[p].layer[0][i / 64]) & mask;
-    if (w != 0) return (int64_t)(((i / 64) * 64 + mp_ctz64(w)) << p);
-  }
-  return -1;
-}
-
-uint64_t mp_tree_free_mask(const mp_tree *t, uint64_t lo, unsigned span, unsigned g) {
-  uint64_t m = 0;
-  for (unsigned p = g; p < span && p <= t->top; p++) {
-    uint64_t nb = (uint64_t)1 << (span - p), i = lo >> p;
-    uint64_t bits = nb == 64 ? ~(uint64_t)0 : ((uint64_t)1 << nb) - 1;
-    /* ACQUIRE: a candidate only, as in mp_tree_find_in. */
-    uint64_t w = (mp_load_acquire(&t->level[p].layer[0][i / 64]) >> (i % 64)) & bits;
-    unsigned per = 1u << (p - g); /* granules a block of order p spans */
-    uint64_t ones = per == 64 ? ~(uint64_t)0 : ((uint64_t)1 << per) - 1;
-    for (; w != 0; w &= w - 1) m |= ones << (mp_ctz64(w) * per);
-  }
-  return m;
-}
-
 void mp_tree_release(mp_tree *t, uint64_t off, unsigned order) {
   level_set(&t->level[order], off >> order);
 }
@@ -393,26 +369,6 @@ int mp_tree_largest_free_order(const mp_tree *t) {
     if (level_any_below(lv, lv->nlayers - 1, 0)) return o;
   }
   return -1;
-}
-
-bool mp_tree_any_free(const mp_tree *t, uint64_t off, uint64_t n) {
-  for (unsigned o = 0; o <= t->top && n != 0; o++) {
-    uint64_t i = off >> o, last = (off + n - 1) >> o; /* blocks of order o overlapping */
-    for (uint64_t wi = i / 64; wi <= last / 64; wi++) {
-      uint64_t w = mp_load_acquire(&t->level[o].layer[0][wi]);
-      if (wi == i / 64) w &= ~(uint64_t)0 << (i % 64);
-      if (wi == last / 64 && last % 64 != 63) w &= ((uint64_t)1 << (last % 64 + 1)) - 1;
-      if (w != 0) return true;
-    }
-  }
-  return false;
-}
-
-bool mp_tree_is_free(const mp_tree *t, uint64_t off, unsigned order) {
-  if (order > t->top) return false;
-  uint64_t i = off >> order;
-  uint64_t w = mp_load_acquire(&t->level[order].layer[0][i / 64]);
-  return (w >> (i % 64)) & 1;
 }
 
 /* ---------------------------------------------------------------- check -- */

@@ -1,6 +1,7 @@
-/* tree.h - the lock-free buddy tree (tree.c).  Self-contained: the tree
- * knows no pool, no region and no thread, only units.  test_tree and the
- * bench's locked baseline include this header alone. */
+/* tree.h - the lock-free buddy tree (tree.c; read-only queries of
+ * ranges: tree_query.c).  Self-contained: the tree knows no pool, no
+ * region and no thread, only units.  test_tree and the bench's locked
+ * baseline include this header alone. */
 #ifndef MAGPOOL_TREE_H
 #define MAGPOOL_TREE_H
 
@@ -71,12 +72,13 @@ int64_t mp_tree_claim_at(mp_tree *t, uint64_t off, unsigned order);
  * at least span - 6 only: a word of bits each), smallest order first; its
  * offset, or -1.  Changes nothing. */
 int64_t mp_tree_find_in(const mp_tree *t, uint64_t lo, unsigned span, unsigned order);
-/* Another hint: which granules (blocks of order g, span - 6 <= g < span)
+/* Another hint: which granules (blocks of order g, span - 9 <= g < span)
  * of the aligned range [lo, lo + 2^span) lie in free blocks of order g
- * to span - 1 now: bit k for the k-th.  A granule that is only partly
- * free, or free in a block of order span or more, reads 0.  Changes
- * nothing; mp_tree_claim_at's CAS decides. */
-uint64_t mp_tree_free_mask(const mp_tree *t, uint64_t lo, unsigned span, unsigned g);
+ * to span - 1 now: bit k % 64 of m[k / 64] for the k-th; m has
+ * max(1, 2^(span - g - 6)) words, all written.  A granule that is only
+ * partly free, or free in a block of order span or more, reads 0.
+ * Changes nothing; mp_tree_claim_at's CAS decides. */
+void mp_tree_free_mask(const mp_tree *t, uint64_t lo, unsigned span, unsigned g, uint64_t *m);
 
 /* Gives back block (off, order): sets its bit only (lazy coalescing).
  * RELEASE: the caller's writes to the block happen before a later claim. */

@@ -358,20 +358,20 @@ static size_t rand_size(slot *sl) { return rand_size_upto(sl, MAX_SIZE_LOG); }
 
 /* Usable size a power of two >= req, and the block aligned to it; or, for
  * a block of a chunk (2 MiB) or more on a chunked pool, whole chunks >=
- * req, aligned to a chunk; or, with --no-groups, for a request over an
- * eighth of a chunk that needs less than its power of two (an extent
- * block, src/extent.c), whole granules (64 KiB) that hold it, aligned to
+ * req, aligned to a chunk; or, with --no-groups, for a request over a
+ * 256th of a chunk that needs less than its power of two (an extent
+ * block, src/extent.c), whole granules (4 KiB) that hold it, aligned to
  * a granule, inside one chunk, no more than its power of two (a block its
  * stream kept may have more granules than it needs). */
 static bool shape_ok(const void *p, size_t req, size_t usable) {
   if (usable >= req && is_pow2(usable) && ((uintptr_t)p & (usable - 1)) == 0)
     return true;
-  const size_t chunk = (size_t)2 << 20, gran = chunk / 32;
+  const size_t chunk = (size_t)2 << 20, gran = chunk / 512;
   if (usable >= req && usable >= chunk && usable % chunk == 0 && ((uintptr_t)p & (chunk - 1)) == 0)
     return true;
   size_t pow2 = gran;
   while (pow2 < req) pow2 *= 2;
-  if (g_opt.no_groups && req > chunk / 8 && usable >= req && usable <= pow2 &&
+  if (g_opt.no_groups && req > chunk / 256 && usable >= req && usable <= pow2 &&
       usable % gran == 0 && ((uintptr_t)p & (gran - 1)) == 0 &&
       ((uintptr_t)p & (chunk - 1)) + usable <= chunk)
     return true;

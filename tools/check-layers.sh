@@ -49,6 +49,7 @@ stream_host.c   1
 stream_cuda.c   1
 
 tree.c          2   tree, regions, block header, magazine objects
+tree_query.c    2
 region.c        2
 chunk.c         2
 chunk_check.c   2

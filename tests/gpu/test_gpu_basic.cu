@@ -30,8 +30,10 @@
 //      blocks share one chunk, 576 KiB usable each; a kernel fills each
 //      whole and the host reads all three back (an overlap would break a
 //      neighbour's pattern); cudaMemset over one whole block leaves the
-//      other two as they were; an async block on a stream, freed there,
-//      serves the stream's next request of the same granules.
+//      other two as they were; fifteen 136 KiB blocks (34 granules of 4
+//      KiB) share one chunk and each reads back its own kernel fill; an
+//      async block on a stream, freed there, serves the stream's next
+//      request of the same granules.
 //
 // Exit status: 0 pass, 1 fail, 77 no usable GPU (ctest SKIP_RETURN_CODE).
 #include <cuda_runtime.h>
@@ -519,6 +521,22 @@ void test_idle() {
   std::printf("gpu_basic: passed streams done\n");
 }
 
+// k blocks of b bytes into q, each of usable size b and in q[0]'s chunk,
+// each filled by a kernel from seed + i.
+void alloc_filled(magpool_t *pool, uint32_t **q, int k, size_t b, uint32_t seed) {
+  for (int i = 0; i < k; i++) {
+    q[i] = (uint32_t *)magpool_alloc(pool, b);
+    REQUIRE(q[i] != nullptr, "%zu B block %d: %s", b, i, magpool_strerror(magpool_last_error()));
+    EXPECT(magpool_usable_size(pool, q[i]) == b, "%zu B block %d: usable %zu", b, i,
+           magpool_usable_size(pool, q[i]));
+    EXPECT((uintptr_t)q[i] >> 21 == (uintptr_t)q[0] >> 21, "%zu B block %d not in block 0's chunk",
+           b, i);
+    k_fill<<<64, 256>>>(q[i], b / 4, seed + i);
+  }
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+}
+
 void test_capped_extents() {
   const size_t B = 576u << 10, N = B / 4;
   magpool_config_t cfg;
@@ -531,17 +549,7 @@ void test_capped_extents() {
   int rc = magpool_create(&cfg, &pool);
   REQUIRE(rc == 0 && pool != nullptr, "capped DEVICE pool: %s", magpool_strerror(rc));
   uint32_t *p[3];
-  for (int i = 0; i < 3; i++) {
-    p[i] = (uint32_t *)magpool_alloc(pool, B);
-    REQUIRE(p[i] != nullptr, "extent block %d: %s", i, magpool_strerror(magpool_last_error()));
-    EXPECT(magpool_usable_size(pool, p[i]) == B, "extent block %d: usable %zu", i,
-           magpool_usable_size(pool, p[i]));
-    EXPECT((uintptr_t)p[i] >> 21 == (uintptr_t)p[0] >> 21, "extent block %d not in block 0's chunk",
-           i);
-    k_fill<<<64, 256>>>(p[i], N, 0x500u + i);
-  }
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
+  alloc_filled(pool, p, 3, B, 0x500u);
   std::vector<uint32_t> h(N);
   for (int i = 0; i < 3; i++) {
     CK(cudaMemcpy(h.data(), p[i], B, cudaMemcpyDeviceToHost));
@@ -563,13 +571,21 @@ void test_capped_extents() {
   k_fill<<<64, 256, 0, s>>>((uint32_t *)a, N, 0x77u);
   EXPECT(magpool_free_async(pool, a, (magpool_stream_t)s) == 0, "free_async extent block");
   void *b = magpool_alloc_async(pool, B - 1000, (magpool_stream_t)s);
-  EXPECT(b == a, "the stream's next request of 9 granules got %p, not its freed %p", b, a);
+  EXPECT(b == a, "the stream's next request of 144 granules got %p, not its freed %p", b, a);
   if (b != nullptr) EXPECT(magpool_free_async(pool, b, (magpool_stream_t)s) == 0, "free_async b");
   CK(cudaGetLastError());
   for (int i = 0; i < 3; i++) EXPECT(magpool_free(pool, p[i]) == 0, "free extent block %d", i);
   EXPECT(magpool_stream_release(pool, (magpool_stream_t)s) == 0, "release");
   CK(cudaStreamSynchronize(s));
   CK(cudaStreamDestroy(s));
+  const size_t M = 136u << 10, MN = M / 4;
+  uint32_t *q[15];
+  alloc_filled(pool, q, 15, M, 0x900u);
+  for (int i = 0; i < 15; i++) {
+    CK(cudaMemcpy(h.data(), q[i], M, cudaMemcpyDeviceToHost));
+    EXPECT(host_count_bad(h.data(), MN, 0x900u + i) == 0, "136 KiB block %d read back wrong", i);
+    EXPECT(magpool_free(pool, q[i]) == 0, "free 136 KiB block %d", i);
+  }
   EXPECT(magpool_trim(pool) == 0, "trim");
   magpool_stats_t st;
   EXPECT(magpool_get_stats(pool, &st) == 0 && st.used_bytes == 0 && st.pending_bytes == 0,

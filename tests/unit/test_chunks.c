@@ -41,7 +41,8 @@
  *        finding a block (MP_HOOK_PACK_FOUND) that another take claims:
  *        it takes its next candidate chunk instead
  *   extents::a_block_takes_only_the_granules_it_needs   capped, three
- *        576 KiB blocks share a chunk, 576 KiB usable each; uncapped, 1 MiB
+ *        576 KiB blocks share a chunk, 576 KiB usable each, and fifteen
+ *        of 136 KiB; uncapped, 576 KiB is 1 MiB
  *   extents::the_checker_sees_a_piece_freed_under_a_live_block   E3
  *   races::an_extent_whose_piece_is_taken_meanwhile   an extent take
  *        stopped after finding its row (MP_HOOK_EXTENT_FOUND) loses a
@@ -698,19 +699,21 @@ Test(races, a_pack_whose_block_is_taken_meanwhile) {
   pack_done(pool, a, b, x, 2);
 }
 
-/* Extent blocks (extent.c).  A capped pool caches blocks up to an eighth
- * of a chunk; a 576 KiB request (9 granules of 64 KiB) then takes 576
- * KiB, three to a chunk, where its buddy order would take 1 MiB, two to a
- * chunk; uncapped (the caches up to 1 MiB), it is a 1 MiB block. */
+/* Extent blocks (extent.c).  A capped pool caches blocks up to a 256th
+ * of a chunk (8 KiB); a 576 KiB request (144 granules of 4 KiB) then
+ * takes 576 KiB, three to a chunk, where its buddy order would take 1
+ * MiB, two to a chunk; and fifteen 136 KiB requests (34 granules) share a
+ * chunk, where their order (256 KiB) would fit eight.  Uncapped (the
+ * caches up to 1 MiB), 576 KiB is a 1 MiB block. */
 Test(extents, a_block_takes_only_the_granules_it_needs) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = 64 * MiB});
-  cr_assert_eq(pool->cfg.cache_max_block, 256 * KiB, "a capped pool caches up to chunk / 8");
+  cr_assert_eq(pool->cfg.cache_max_block, 8 * KiB, "a capped pool caches up to chunk / 256");
   void *x[3];
   for (unsigned i = 0; i < 3; i++) {
     x[i] = magpool_alloc(pool, 576 * KiB);
     cr_assert_not_null(x[i]);
     cr_assert_eq(magpool_usable_size(pool, x[i]), 576 * KiB);
-    cr_assert_eq((uintptr_t)x[i] % (64 * KiB), 0, "not aligned to a granule");
+    cr_assert_eq((uintptr_t)x[i] % (4 * KiB), 0, "not aligned to a granule");
     cr_assert_eq(chunk_index(pool, x[i]), chunk_index(pool, x[0]), "x%u is not in x0's chunk", i);
     memset(x[i], 0x30 + (int)i, 576 * KiB);
   }
@@ -722,6 +725,26 @@ Test(extents, a_block_takes_only_the_granules_it_needs) {
   cr_assert_eq(magpool_free(pool, x[1] + 64 * KiB), MAGPOOL_EINVAL, "an interior pointer");
   cr_assert_eq(magpool_free(pool, x[1]), 0);
   cr_assert_eq(magpool_free(pool, x[2]), 0);
+  mpt_assert_all_free(pool);
+
+  char *m[16];
+  for (unsigned i = 0; i < 16; i++) {
+    m[i] = magpool_alloc(pool, 136 * KiB - 100);
+    cr_assert_not_null(m[i]);
+    cr_assert_eq(magpool_usable_size(pool, m[i]), 136 * KiB);
+    memset(m[i], 0x40 + (int)i, 136 * KiB);
+    if (i > 0 && i < 15)
+      cr_assert_eq(chunk_index(pool, m[i]), chunk_index(pool, m[0]), "m%u is not in m0's chunk", i);
+  }
+  cr_assert_neq(chunk_index(pool, m[15]), chunk_index(pool, m[0]), "sixteen in one chunk");
+  s = mpt_stats(pool);
+  cr_assert_eq(s.used_bytes, 16 * 136 * KiB);
+  cr_assert_eq(magpool_check(pool), 0);
+  for (unsigned i = 0; i < 16; i++) {
+    for (size_t k = 0; k < 136 * KiB; k += 4 * KiB)
+      cr_assert_eq(m[i][k], 0x40 + (int)i, "m%u overwritten at %zu", i, k);
+    cr_assert_eq(magpool_free(pool, m[i]), 0);
+  }
   mpt_assert_all_free(pool);
   mpt_pool_done(pool);
 
@@ -741,7 +764,7 @@ Test(extents, the_checker_sees_a_piece_freed_under_a_live_block) {
   cr_assert(x != NULL && y != NULL);
   cr_assert_eq(magpool_check(pool), 0);
   mp_region *r = pool->regions[0];
-  /* y's last granule: a piece of its own (y starts at granule 9). */
+  /* A granule of y's last piece (y starts at granule 144 of 4 KiB). */
   uint64_t u = (uint64_t)(y + 512 * KiB - r->base) >> pool->min_shift;
   cr_assert_eq((uint64_t)(y - x), 576 * KiB, "y right after x");
   mp_tree_free(&r->tree, u, pool->chunks->gord);
@@ -755,11 +778,12 @@ Test(extents, the_checker_sees_a_piece_freed_under_a_live_block) {
 }
 
 /* An extent take stopped after finding its row (MP_HOOK_EXTENT_FOUND):
- * chunk A holds x, granules 0-8; the row for 9 more is 9-17.  Another take
- * claims the 128 KiB block at granules 10-11 meanwhile.  The stopped take
- * claims granule 9, loses 10-11, gives 9 back, and takes the aligned 1
- * MiB at granule 16 instead.  A take that kept granule 9 would leave the
- * pool not all free at the end. */
+ * chunk A holds x, its first 576 KiB; the row for 576 KiB more starts
+ * there.  Another take claims the 128 KiB block at 640 KiB meanwhile.
+ * The stopped take claims the row's first piece (576-640 KiB), loses
+ * 640-768, gives the first back, and takes the aligned 1 MiB at 1 MiB
+ * instead.  A take that kept its first piece would leave the pool not all
+ * free at the end. */
 Test(races, an_extent_whose_piece_is_taken_meanwhile) {
   magpool_t *pool = chunked_pool(4 * MiB, 64 * MiB);
   char *x = magpool_alloc(pool, 576 * KiB);
@@ -769,7 +793,7 @@ Test(races, an_extent_whose_piece_is_taken_meanwhile) {
   taker t = {pool, NULL, 1, 576 * KiB};
   pthread_t th = take_stopped_at(&t, MP_HOOK_EXTENT_FOUND, a + 576 * KiB);
   char *y = magpool_alloc(pool, 128 * KiB);
-  cr_assert_eq(y, a + 640 * KiB, "the other take did not claim granules 10-11");
+  cr_assert_eq(y, a + 640 * KiB, "the other take did not claim 640-768 KiB");
   memset(y, 0x11, 128 * KiB);
   flag_set(&race_resume);
   pthread_join(th, NULL);
@@ -777,8 +801,8 @@ Test(races, an_extent_whose_piece_is_taken_meanwhile) {
   cr_assert_eq((char *)t.got, a + 1 * MiB, "not the aligned block above the lost row");
   cr_assert_eq(magpool_usable_size(pool, t.got), 576 * KiB);
   cr_assert_eq(magpool_check(pool), 0);
-  void *z = magpool_alloc(pool, 64 * KiB); /* granule 9 is free again */
-  cr_assert_eq((char *)z, a + 576 * KiB, "granule 9 was not given back");
+  void *z = magpool_alloc(pool, 64 * KiB); /* the first piece is free again */
+  cr_assert_eq((char *)z, a + 576 * KiB, "the row's first piece was not given back");
   void *all[] = {x, y, t.got, z};
   for (unsigned i = 0; i < 4; i++) cr_assert_eq(magpool_free(pool, all[i]), 0);
   mpt_assert_all_free(pool);

@@ -30,7 +30,7 @@
  *        refill's take off the park and its load: the magazine is not lost
  *   park::an_extent_block_is_reused_on_its_stream_when_it_fits   a
  *        576 KiB extent block parked on S serves a 513 KiB request on S
- *        (the same 9 granules), not a 700 KiB one (11)
+ *        (129 granules of 4 KiB in its 144), not a 700 KiB one (175)
  *   park::thousand_large_frees_few_batches,
  *   park::thousand_random_large_frees_fewer_batches   1000 frees of large
  *        blocks on one stream cost far fewer than 1000 retire batches
@@ -581,14 +581,15 @@ Test(park, a_refill_meets_a_release, .timeout = 60) {
 }
 
 /* Extent blocks (src/extent.c) on a park: a capped chunked pool caches
- * blocks up to 256 KiB, so a 576 KiB block freed on S (held by a gate)
- * is parked, costed by its 9 granules.  An allocation on S of 513 KiB (9
- * granules too) reuses it at once; one of 700 KiB (11 granules) of the
- * same order does not: the parked block is too small for it. */
+ * blocks up to 8 KiB, so a 576 KiB block freed on S (held by a gate) is
+ * parked, costed by its 144 granules of 4 KiB.  An allocation on S of
+ * 513 KiB (129 granules, within the park's waste bound of an eighth)
+ * reuses it at once; one of 700 KiB (175 granules) of the same order does
+ * not: the parked block is too small for it. */
 Test(park, an_extent_block_is_reused_on_its_stream_when_it_fits, .timeout = 60) {
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 64 * MiB, .growth = 1, .max = 128 * MiB});
   cr_assert_not_null(pool->chunks);
-  cr_assert_eq(pool->cfg.cache_max_block, 256 * KiB);
+  cr_assert_eq(pool->cfg.cache_max_block, 8 * KiB);
   magpool_stream_t s = stream_new();
   gate g;
   gate_hold(&g, s);
@@ -600,7 +601,7 @@ Test(park, an_extent_block_is_reused_on_its_stream_when_it_fits, .timeout = 60) 
   void *z = magpool_alloc_async(pool, 700 * KiB, s);
   cr_assert_not_null(z);
   cr_assert_neq(z, x, "a 576 KiB block served 700 KiB");
-  cr_assert_eq(magpool_usable_size(pool, z), 704 * KiB);
+  cr_assert_eq(magpool_usable_size(pool, z), 700 * KiB);
   void *y = magpool_alloc_async(pool, 513 * KiB, s);
   cr_assert_eq(y, x, "the parked block was not reused on its stream");
   cr_assert_eq(magpool_usable_size(pool, y), 576 * KiB);

@@ -344,18 +344,27 @@ Test(tree, exhaust_order0_then_free_random, .timeout = 120) {
 /* split and merge                                                    */
 /* ------------------------------------------------------------------ */
 
+/* mp_tree_free_mask's only word, for a range of at most 64 granules. */
+static uint64_t mask1(const mp_tree *t, uint64_t lo, unsigned span, unsigned g) {
+  uint64_t m[8];
+  memset(m, 0xa5, sizeof m);
+  mp_tree_free_mask(t, lo, span, g, m);
+  cr_assert_eq(m[1], 0xa5a5a5a5a5a5a5a5ull, "a word past the mask was written");
+  return m[0];
+}
+
 /* mp_tree_free_mask: in a range of 2^5 granules of order 2 (a span of
  * order 7 inside a tree of 2^9 units), the granules in free blocks of
  * orders 2..6.  mp_tree_any_free: any free block overlapping a range. */
 Test(tree, free_mask_and_any_free) {
   mp_tree t;
   tree_init(&t, 512);
-  cr_assert_eq(mp_tree_free_mask(&t, 128, 7, 2), 0, "inside a free block of order 9: none");
+  cr_assert_eq(mask1(&t, 128, 7, 2), 0, "inside a free block of order 9: none");
   cr_assert(mp_tree_any_free(&t, 130, 1));
   /* Claim [128, 256): the span; then free units 136-143 (granules 2-3)
    * and 160-191 (granules 8-15). */
   cr_assert_eq(mp_tree_claim_at(&t, 128, 7), 128);
-  cr_assert_eq(mp_tree_free_mask(&t, 128, 7, 2), 0);
+  cr_assert_eq(mask1(&t, 128, 7, 2), 0);
   cr_assert(!mp_tree_any_free(&t, 128, 128));
   cr_assert(mp_tree_any_free(&t, 100, 29), "unit 0-127 are free");
   mp_tree_release(&t, 128, 7);
@@ -364,7 +373,7 @@ Test(tree, free_mask_and_any_free) {
   cr_assert_eq(mp_tree_claim_at(&t, 192, 6), 192);
   /* Free now: 136-143 (order 3), 160-191 (order 5); busy 128-135,
    * 144-159, 192-255. */
-  cr_assert_eq(mp_tree_free_mask(&t, 128, 7, 2), 0xff0cu);
+  cr_assert_eq(mask1(&t, 128, 7, 2), 0xff0cu);
   cr_assert(mp_tree_any_free(&t, 140, 1));
   cr_assert(!mp_tree_any_free(&t, 144, 16));
   cr_assert(!mp_tree_any_free(&t, 192, 64));
@@ -372,12 +381,34 @@ Test(tree, free_mask_and_any_free) {
   cr_assert_eq(mp_tree_claim_at(&t, 136, 3), 136);
   mp_tree_release(&t, 137, 0);
   cr_assert(mp_tree_any_free(&t, 128, 16), "unit 137 free under a claimed block");
-  cr_assert_eq(mp_tree_free_mask(&t, 128, 7, 2), 0xff00u, "granule 2 is only partly free");
+  cr_assert_eq(mask1(&t, 128, 7, 2), 0xff00u, "granule 2 is only partly free");
   cr_assert_eq(mp_tree_claim_at(&t, 137, 0), 137);
   mp_tree_free(&t, 136, 3);
   mp_tree_free(&t, 128, 3);
   mp_tree_free(&t, 144, 4);
   mp_tree_free(&t, 192, 6);
+  assert_decomposition(&t);
+  mp_tree_fini(&t);
+}
+
+/* mp_tree_free_mask over eight words: 512 granules of order 0 (a span
+ * of order 9 at unit 512 of a tree of 2^11 units).  Blocks set free
+ * inside the claimed span show as their granules, in whichever word. */
+Test(tree, free_mask_of_many_words) {
+  mp_tree t;
+  tree_init(&t, 2048);
+  uint64_t m[8];
+  cr_assert_eq(mp_tree_claim_at(&t, 512, 9), 512);
+  mp_tree_free_mask(&t, 512, 9, 0, m);
+  for (unsigned k = 0; k < 8; k++) cr_assert_eq(m[k], 0, "word %u", k);
+  const uint64_t off[] = {600, 640, 768, 1000, 1004, 1007};
+  const unsigned ord[] = {3, 6, 7, 2, 1, 0};
+  for (unsigned i = 0; i < 6; i++) mp_tree_release(&t, off[i], ord[i]);
+  mp_tree_free_mask(&t, 512, 9, 0, m);
+  const uint64_t want[8] = {0, 0xffull << 24, ~0ull, 0, ~0ull, ~0ull, 0, 0xbfull << 40};
+  for (unsigned k = 0; k < 8; k++) cr_assert_eq(m[k], want[k], "word %u: %#lx", k, (unsigned long)m[k]);
+  for (unsigned i = 0; i < 6; i++) cr_assert_eq(mp_tree_claim_at(&t, off[i], ord[i]), (int64_t)off[i]);
+  mp_tree_free(&t, 512, 9);
   assert_decomposition(&t);
   mp_tree_fini(&t);
 }
