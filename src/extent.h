@@ -36,6 +36,10 @@ unsigned mp_chunks_fullest(magpool_t *pool, uint64_t units, uint64_t *cand, unsi
  * each of the range's aligned pieces with mp_tree_claim_at.  Returns the
  * range's unit offset, or -1 (nothing claimed). */
 int64_t mp_extent_fit(magpool_t *pool, mp_region *r, uint32_t n);
+/* Notes the extent block of n granules at unit off of the tree's half,
+ * just given back, as the first place mp_extent_fit tries (xhint: a
+ * relaxed hint, its granule index and n). */
+void mp_extent_given(magpool_t *pool, uint64_t off, uint32_t n);
 /* An owned block (off, order) keeps its first n granules: the pieces of
  * the rest go back to the tree. */
 void mp_extent_trim(magpool_t *pool, mp_region *r, uint64_t off, unsigned order, uint32_t n);

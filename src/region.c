@@ -323,9 +323,9 @@ static void give(magpool_t *pool, mp_acct *a, void *p, unsigned order, bool merg
   uint64_t off = (uint64_t)((char *)p - r->base) >> pool->min_shift;
   /* An extent block's granules: read before its pieces go. */
   if (mp_extent_order(pool, order)) {
-    mp_extent_put(pool, r, off, (uint32_t)(cost >> (pool->chunks->gord + pool->min_shift)), merge);
-    uint64_t ch = (uint64_t)((char *)p - r->base) >> pool->chunks->shift;
-    if (mp_load_relaxed(&pool->chunks->xhint) != ch) mp_store_relaxed(&pool->chunks->xhint, ch);
+    uint32_t n = (uint32_t)(cost >> (pool->chunks->gord + pool->min_shift));
+    mp_extent_put(pool, r, off, n, merge);
+    mp_extent_given(pool, off, n);
   } else if (merge) {
     mp_tree_free(&r->tree, off, order);
   } else {

@@ -232,7 +232,7 @@ typedef struct mp_chunks {
   _Atomic uint64_t run_top; /* above every mapped chunk of the run
                                space (written under lock)               */
   uint64_t run0;            /* first chunk of the run space (upper half) */
-  _Atomic uint64_t xhint;   /* chunk of the last extent given (a hint)  */
+  _Atomic uint64_t xhint;   /* last extent given: granule << 9 | count */
   mp_runs runs;
   void *lock;               /* pthread_mutex_t *                        */
 } mp_chunks;

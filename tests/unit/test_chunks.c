@@ -43,6 +43,9 @@
  *   extents::a_block_takes_only_the_granules_it_needs   capped, three
  *        576 KiB blocks share a chunk, 576 KiB usable each, and fifteen
  *        of 136 KiB; uncapped, 576 KiB is 1 MiB
+ *   extents::a_take_tries_the_granules_just_given_back_first   the
+ *        last extent block given back serves a request within an eighth
+ *        of it before the chunk's smallest row; once taken, the row
  *   extents::the_checker_sees_a_piece_freed_under_a_live_block   E3
  *   races::an_extent_whose_piece_is_taken_meanwhile   an extent take
  *        stopped after finding its row (MP_HOOK_EXTENT_FOUND) loses a
@@ -753,6 +756,35 @@ Test(extents, a_block_takes_only_the_granules_it_needs) {
   cr_assert_not_null(y);
   cr_assert_eq(magpool_usable_size(pool, y), 1 * MiB, "uncapped: the buddy block, cached");
   cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_pool_done(pool);
+}
+
+/* An extent take tries the granules of the last extent block given back
+ * first (xhint), if they hold it with at most an eighth to spare, before
+ * the smallest row of its chunk.  One chunk holds x0-x4 of 34, 36, 34, 36
+ * and 34 granules of 4 KiB in a row.  x0 then x3 go back: a 136 KiB
+ * request (34 granules) takes x3's 36, though x0's 34 fit exactly; the
+ * next finds x3's granules taken, and takes x0's row. */
+Test(extents, a_take_tries_the_granules_just_given_back_first) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = 64 * MiB});
+  const size_t sz[5] = {136 * KiB, 144 * KiB, 136 * KiB, 144 * KiB, 136 * KiB};
+  char *x[5];
+  for (unsigned i = 0; i < 5; i++) {
+    x[i] = magpool_alloc(pool, sz[i]);
+    cr_assert_not_null(x[i]);
+    if (i > 0) cr_assert_eq(x[i], x[i - 1] + sz[i - 1], "x%u is not right after x%u", i, i - 1);
+  }
+  cr_assert_eq(magpool_free(pool, x[0]), 0);
+  cr_assert_eq(magpool_free(pool, x[3]), 0);
+  void *y = magpool_alloc(pool, 136 * KiB);
+  cr_assert_eq(y, x[3], "not the granules given back last");
+  cr_assert_eq(magpool_usable_size(pool, y), 136 * KiB);
+  void *z = magpool_alloc(pool, 136 * KiB);
+  cr_assert_eq(z, x[0], "not the smallest row once the last one was taken");
+  cr_assert_eq(magpool_check(pool), 0);
+  void *all[] = {x[1], x[2], x[4], y, z};
+  for (unsigned i = 0; i < 5; i++) cr_assert_eq(magpool_free(pool, all[i]), 0);
+  mpt_assert_all_free(pool);
   mpt_pool_done(pool);
 }
 
