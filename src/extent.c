@@ -43,12 +43,12 @@
  * (mp_chunks_fullest), and in each the granules that are free in free
  * tree blocks (mp_tree_free_mask: the chunk's bitmap words, level by
  * level); the smallest row of free granules that holds n, at its low
- * end.  A claim that loses
- * a piece to another take gives back the pieces it got and tries the next
- * chunk (MP_HOOK_EXTENT_FOUND opens that window in the tests).  With no
- * row anywhere, the caller takes an aligned block of the next power of
- * two of granules from the tree as before and trims its tail
- * (mp_extent_trim), so the chunk it opens has room for the next. */
+ * end.  A claim that loses a piece to another take gives back the pieces
+ * it got and tries the next chunk (MP_HOOK_EXTENT_FOUND opens that window
+ * in the tests).  With no row anywhere, the caller takes an aligned
+ * block of the next power of two of granules from the tree as before and
+ * trims its tail (mp_extent_trim), so the chunk it opens has room for the
+ * next. */
 #include "extent.h"
 
 /* Chunks a take looks at: fullest first, and the lowest it scans. */

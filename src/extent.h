@@ -1,7 +1,7 @@
 /* extent.h - extent blocks (extent.c): on a chunked pool, a block of an
- * order no cache holds and below a chunk takes only the granules (a
- * 512th of a chunk) its request needs, anywhere in one chunk, not its power of
- * two.  Layer 2; data: types.h (mp_chunks: xlo, gord, hdr0). */
+ * order no cache holds and below a chunk takes only the granules (a 512th
+ * of a chunk) its request needs, anywhere in one chunk, not its power of
+ * two.  Layer 2; data: types.h (mp_chunks: xlo, gord, hdr0, xhint). */
 #ifndef MAGPOOL_EXTENT_H
 #define MAGPOOL_EXTENT_H
 
