@@ -51,6 +51,10 @@
  *        stopped after finding its row (MP_HOOK_EXTENT_FOUND) loses a
  *        piece to another take: it gives back the pieces it claimed and
  *        takes an aligned block instead
+ *   races::a_take_whose_given_back_granules_are_taken_meanwhile   a
+ *        take stopped after reading the last given-back block's hint
+ *        loses its granules to another take: it claims nothing there and
+ *        takes the chunk's smallest row
  *   chunks::the_budget_maps_within_its_slack_before_moving   a take
  *        below the high-water mark that needs new chunks maps them, not
  *        moves, while the pool stays within the mark plus 1.5 % of it
@@ -837,6 +841,35 @@ Test(races, an_extent_whose_piece_is_taken_meanwhile) {
   cr_assert_eq((char *)z, a + 576 * KiB, "the row's first piece was not given back");
   void *all[] = {x, y, t.got, z};
   for (unsigned i = 0; i < 4; i++) cr_assert_eq(magpool_free(pool, all[i]), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+/* A take stopped after reading the hint of the last extent block given
+ * back (MP_HOOK_EXTENT_FOUND on its granules): x0 (36 granules) went back
+ * at the chunk's start, before x1 (34).  Another take of 34 granules
+ * claims x0's granules meanwhile.  The stopped take loses its first
+ * piece, claims nothing, and takes the chunk's smallest row that holds
+ * it: right after x1, not the 2 granules x0's spare left. */
+Test(races, a_take_whose_given_back_granules_are_taken_meanwhile) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = 64 * MiB});
+  char *x0 = magpool_alloc(pool, 144 * KiB), *x1 = magpool_alloc(pool, 136 * KiB);
+  cr_assert(x0 != NULL && x1 != NULL);
+  cr_assert_eq(x1, x0 + 144 * KiB, "x1 is not right after x0");
+  cr_assert_eq(magpool_free(pool, x0), 0);
+  taker t = {pool, NULL, 1, 136 * KiB};
+  pthread_t th = take_stopped_at(&t, MP_HOOK_EXTENT_FOUND, x0);
+  void *y = magpool_alloc(pool, 136 * KiB);
+  cr_assert_eq(y, x0, "the other take did not claim x0's granules");
+  memset(y, 0x11, 136 * KiB);
+  flag_set(&race_resume);
+  pthread_join(th, NULL);
+  race_reset();
+  cr_assert_eq((char *)t.got, x1 + 136 * KiB, "not the row after x1");
+  cr_assert_eq(magpool_usable_size(pool, t.got), 136 * KiB);
+  cr_assert_eq(magpool_check(pool), 0);
+  void *all[] = {x1, y, t.got};
+  for (unsigned i = 0; i < 3; i++) cr_assert_eq(magpool_free(pool, all[i]), 0);
   mpt_assert_all_free(pool);
   mpt_pool_done(pool);
 }
