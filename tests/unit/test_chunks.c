@@ -281,6 +281,16 @@ static pthread_t take_stopped_at(taker *t, int point, void *at) {
   return th;
 }
 
+static void race_reset(void);
+
+/* Lets the thread stopped at the hook go on, waits for it, and clears
+ * the window (a taker's block is then in its got). */
+static void resume_stopped(pthread_t th) {
+  flag_set(&race_resume);
+  pthread_join(th, NULL);
+  race_reset();
+}
+
 static void *trim_it(void *arg) {
   race_stop_me = 1;
   magpool_trim(arg);
@@ -321,9 +331,7 @@ Test(races, take_counted_before_unmap) {
   cr_assert_eq(magpool_trim(pool), 0); /* may unmap only empty chunks */
   cr_assert_eq(mpt_stats(pool).chunk_unmaps, unmaps, "trim unmapped a chunk a take had counted");
   cr_assert_eq(mpt_stats(pool).reserved_bytes, 4 * MiB);
-  flag_set(&race_resume);
-  pthread_join(th, NULL);
-  race_reset();
+  resume_stopped(th);
   cr_assert_not_null(t.got);
   cr_assert_eq((char *)((uintptr_t)t.got & ~(uintptr_t)(CHUNK - 1)), race_chunk);
   cr_assert_eq(magpool_check(pool), 0);
@@ -696,9 +704,7 @@ Test(races, a_pack_whose_block_is_taken_meanwhile) {
   void *x[2] = {magpool_alloc(pool, 512 * KiB), NULL};
   cr_assert_eq(x[0], b[0], "the other take did not pack into b0's block");
   memset(x[0], 0x11, 512 * KiB);
-  flag_set(&race_resume);
-  pthread_join(th, NULL);
-  race_reset();
+  resume_stopped(th);
   x[1] = t.got;
   cr_assert_not_null(x[1]);
   cr_assert_neq(x[1], x[0], "both takes got b0's block");
@@ -831,9 +837,7 @@ Test(races, an_extent_whose_piece_is_taken_meanwhile) {
   char *y = magpool_alloc(pool, 128 * KiB);
   cr_assert_eq(y, a + 640 * KiB, "the other take did not claim 640-768 KiB");
   memset(y, 0x11, 128 * KiB);
-  flag_set(&race_resume);
-  pthread_join(th, NULL);
-  race_reset();
+  resume_stopped(th);
   cr_assert_eq((char *)t.got, a + 1 * MiB, "not the aligned block above the lost row");
   cr_assert_eq(magpool_usable_size(pool, t.got), 576 * KiB);
   cr_assert_eq(magpool_check(pool), 0);
@@ -862,9 +866,7 @@ Test(races, a_take_whose_given_back_granules_are_taken_meanwhile) {
   void *y = magpool_alloc(pool, 136 * KiB);
   cr_assert_eq(y, x0, "the other take did not claim x0's granules");
   memset(y, 0x11, 136 * KiB);
-  flag_set(&race_resume);
-  pthread_join(th, NULL);
-  race_reset();
+  resume_stopped(th);
   cr_assert_eq((char *)t.got, x1 + 136 * KiB, "not the row after x1");
   cr_assert_eq(magpool_usable_size(pool, t.got), 136 * KiB);
   cr_assert_eq(magpool_check(pool), 0);
@@ -928,9 +930,7 @@ Test(races, group_take_counted_before_unmap) {
   cr_assert_eq(magpool_trim(pool), 0); /* the group's other chunks are empty */
   cr_assert_eq(mpt_stats(pool).chunk_unmaps, unmaps, "trim unmapped part of a group in use");
   cr_assert_eq(mpt_stats(pool).reserved_bytes, (1 + MP_CHUNK_GROUP) * CHUNK);
-  flag_set(&race_resume);
-  pthread_join(th, NULL);
-  race_reset();
+  resume_stopped(th);
   cr_assert_not_null(t.got);
   cr_assert_eq(chunk_index(pool, t.got), g);
   cr_assert_eq(magpool_check(pool), 0);
