@@ -12,11 +12,13 @@
  */
 #include "alloc.h"
 
+#include "xcache.h"
+
 /* ------------------------------------------------------ allocation path */
 
 /* A thread-magazine miss, or an order no magazine holds: the magazines'
- * slow path (record held), else the tree; the ladder (record not held)
- * when both come up empty.  While a thief holds our magazines, the tree
+ * slow path (record held), else the extent cache (xcache.c) and the tree;
+ * the ladder (record not held) when they come up empty.  While a thief holds our magazines, the tree
  * serves us directly. */
 static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order,
                                     size_t size) {
@@ -27,7 +29,7 @@ static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned ord
   if (order < tc->nclasses && mp_tcache_enter_owner(tc)) {
     p = mp_cache_alloc_slow(pool, tc, order);
     mp_tcache_exit_owner(tc);
-  } else {
+  } else if ((p = mp_xcache_take(pool, tc, order, size)) == NULL) {
     p = mp_region_take_need(pool, &tc->acct, order, size, false);
   }
   return p != NULL ? p : mp_ladder_take(pool, tc, order, size);

@@ -26,6 +26,8 @@
 #define MP_MAX_REGIONS 64 /* growth steps a pool can take                 */
 #define MP_MAX_ORDER 48   /* largest block: min_block << MP_MAX_ORDER     */
 #define MP_MAX_CLASSES 24 /* cached orders (thread and stream caches)     */
+#define MP_XBINS 56       /* extent-cache bins: granule counts 1-511 (xcache.c) */
+#define MP_XCAP 8         /* blocks an extent-cache bin holds             */
 #define MP_MAG_SLOTS 64u  /* blocks a magazine can hold: every class's cap
                              is a power of two <= this (pool.c), and
                              mp_blocks_give's merge stack is sized by it   */
@@ -149,6 +151,8 @@ enum {
                             pack found it, not yet claimed               */
   MP_HOOK_EXTENT_FOUND,  /* arg: the first free granule of a row an
                             extent take found, not yet claimed (extent.c) */
+  MP_HOOK_XCACHE_PUT,    /* arg: the block; its thread's extent cache has
+                            just kept it, the record still held (xcache.c) */
 };
 /* MP_HOOK_VMM_UNMAP's argument: the mapping's address, and a flag a test
  * sets to make the driver call fail. */

@@ -26,6 +26,8 @@
 
 #include <string.h>
 
+#include "xcache.h"
+
 /* The caches of all threads together keep about max(MP_CACHE_SHARERS
  * budgets, reserved / 8), split among the pool's live thread records (n
  * rounded down to a power of two, a shift on the slow paths: at most
@@ -182,6 +184,8 @@ void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
 
 void mp_cache_free_slow(magpool_t *pool, mp_tcache *tc, void *p, unsigned order) {
   if (order >= tc->nclasses) {
+    tc->limit = mp_cache_share(pool, pool->cfg.thread_cache_bytes);
+    if (mp_xcache_put(pool, tc, p, order)) return; /* an extent block, kept */
     if (tc->nclasses == 0 && mp_block_bytes(pool, order) <= pool->cfg.cache_max_block) {
       /* Caching off: small blocks are only released (lazy coalescing).
        * Merging every free at once would make each alloc/free pair split
@@ -230,6 +234,7 @@ void mp_tcache_flush(magpool_t *pool, mp_tcache *tc, mp_acct *a) {
     mag_flush_all(pool, tc, a, tc->cls[k].loaded, k);
     mag_flush_all(pool, tc, a, tc->cls[k].prev, k);
   }
+  mp_xcache_flush(pool, tc, a);
   mp_acct_flush(pool, a);
 }
 

@@ -6,11 +6,10 @@
  *   0 base      atomic.h base.h types.h internal.h errors.c
  *   1 memory    source_host.c source_fail.c source_cuda.c   (where memory
  *               comes from) stream_host.c stream_cuda.c     (ordering)
- *   2 blocks    tree.c region.c mag.c hdr.h                 (tree, regions,
- *               block header, magazine objects)
+ *   2 blocks    tree.c region.c mag.c hdr.h (tree, regions, block header, magazine objects)
  *   3 retire    retire.c                                    (batches, the
  *               stream callback, the ready list)
- *   4 caches    stream_table.c stream_cache.c magazine.c thread.c
+ *   4 caches    stream_table.c stream_cache.c magazine.c xcache.c thread.c
  *   5 API       alloc.c alloc_async.c pool.c stats.c scope.c track.c
  *
  * Locks, by rank: a thread holding a lock of rank r takes only locks of
@@ -384,19 +383,20 @@ typedef struct mp_streams {
   mp_sentry *dead;             _Atomic uint64_t nlive, closes;
 } mp_streams;
 
-/* Per-thread statistics, written only by the owning thread with plain
- * adds (mp_owner_add), read by anyone with relaxed loads.  Unsigned,
- * wrapping; the sum over threads is exact.  Live bytes are derived on
- * read as sum(acct.held) - caches - depots - stream caches - pending, so
- * a cache hit (live <-> cached) moves only `cached`. */
+/* Per-thread statistics, written only by the owning thread with plain adds
+ * (mp_owner_add), read by anyone relaxed.  Unsigned, wrapping; the sum over threads is
+ * exact.  Live bytes are derived on read as sum(acct.held) - caches - depots - stream
+ * caches - pending, so a cache hit (live <-> cached) moves only `cached`. */
 typedef struct mp_tstats {
   _Atomic uint64_t requested; /* bytes, live requests                  */
-  _Atomic uint64_t cached;    /* bytes, this thread's magazines        */
+  _Atomic uint64_t cached;    /* bytes, this thread's magazines and xc */
   _Atomic uint64_t allocs;
   _Atomic uint64_t frees;
 } mp_tstats;
 
 typedef struct mp_tclass { mp_mag *loaded, *prev; } mp_tclass;
+/* An extent-cache bin (xcache.c): ent = granules << 6 | order, oldest first. */
+typedef struct mp_xbin { uint32_t count, ent[MP_XCAP]; void *slot[MP_XCAP]; } mp_xbin;
 enum { MP_TC_FREE = 0, MP_TC_LIVE, MP_TC_EXITING, MP_TC_ORPHAN };
 
 /* The thread record: one thread's caches, counters and stream memo for
@@ -406,7 +406,7 @@ enum { MP_TC_FREE = 0, MP_TC_LIVE, MP_TC_EXITING, MP_TC_ORPHAN };
  *   FREE -> LIVE        a thread adopts it (new or reused record)
  *   LIVE -> EXITING     its thread exits, returns the caches, -> FREE
  *   LIVE -> ORPHAN      the pool is destroyed; the thread frees it
- * Only the owner touches the memo.  The magazines and st.cached: the
+ * Only the owner touches the memo.  The magazines, xc and st.cached: the
  * owner inside mp_tcache_enter_owner/exit, or a thief holding `thief`
  * after the revoke handshake (mp_tcaches_steal), which accounts the tree
  * traffic in its own acct.  Others read `st`, `acct.held` and `state`. */
@@ -444,6 +444,7 @@ typedef struct mp_tcache {
   _Atomic uintptr_t thief;       /* thieves' lock: a thief's token, or 0 */
   struct mp_tcache *pool_next;   /* pool list; set before publication  */
   struct mp_tcache *thread_next; /* owner thread's list                */
+  mp_xbin xc[MP_XBINS];          /* extent cache: held as cls[]        */
 } mp_tcache;
 
 /* --------------------------------------------------------- the pool */

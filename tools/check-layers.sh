@@ -63,6 +63,7 @@ stream_table.c  4   caches and the thread record
 stream_cache.c  4
 park.c          4
 magazine.c      4
+xcache.c        4
 thread.c        4
 
 alloc.c         5   the API

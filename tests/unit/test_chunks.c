@@ -776,7 +776,9 @@ Test(extents, a_block_takes_only_the_granules_it_needs) {
  * request (34 granules) takes x3's 36, though x0's 34 fit exactly; the
  * next finds x3's granules taken, and takes x0's row. */
 Test(extents, a_take_tries_the_granules_just_given_back_first) {
-  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = 64 * MiB});
+  /* No thread cache, so no extent cache (xcache.c): the frees reach the tree. */
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = 64 * MiB,
+                                        .thread_cache = MPT_ZERO});
   const size_t sz[5] = {136 * KiB, 144 * KiB, 136 * KiB, 144 * KiB, 136 * KiB};
   char *x[5];
   for (unsigned i = 0; i < 5; i++) {
@@ -856,7 +858,9 @@ Test(races, an_extent_whose_piece_is_taken_meanwhile) {
  * piece, claims nothing, and takes the chunk's smallest row that holds
  * it: right after x1, not the 2 granules x0's spare left. */
 Test(races, a_take_whose_given_back_granules_are_taken_meanwhile) {
-  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = 64 * MiB});
+  /* No thread cache, so no extent cache (xcache.c): x0's free reaches the tree. */
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = 64 * MiB,
+                                        .thread_cache = MPT_ZERO});
   char *x0 = magpool_alloc(pool, 144 * KiB), *x1 = magpool_alloc(pool, 136 * KiB);
   cr_assert(x0 != NULL && x1 != NULL);
   cr_assert_eq(x1, x0 + 144 * KiB, "x1 is not right after x0");

@@ -1,0 +1,26 @@
+/* xcache.h - the thread's extent cache (xcache.c): extent blocks (extent.h)
+ * the thread freed, kept by granule count for its next requests of about
+ * their size.  Layer 4; data: types.h (mp_tcache.xc, mp_xbin). */
+#ifndef MAGPOOL_XCACHE_H
+#define MAGPOOL_XCACHE_H
+
+#include "internal.h"
+
+/* A cached extent block for a request of `size` bytes of extent order
+ * `order`: one whose granules hold the request with at most an eighth of
+ * them to spare (the waste rule of mp_extent_fit's hint), the most
+ * recently cached first.  NULL: none, or not an extent order, or the
+ * record's caches are off (tracking, thread_cache_bytes 0), or a thief
+ * holds them.  Owner thread; enters and leaves the record itself. */
+void *mp_xcache_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size);
+/* Keeps the extent block p of `order`, its header already cleared, in the
+ * thread's cache: true.  False (the caller gives it back): not an extent
+ * order, caches off, a thief inside, or over tc->limit (the thread's
+ * share of thread_cache_bytes, brought up to date by the caller).  A full bin gives its oldest block back first.
+ * Owner thread; enters and leaves the record itself. */
+bool mp_xcache_put(magpool_t *pool, mp_tcache *tc, void *p, unsigned order);
+/* Gives every cached block back, accounted in a.  The record held: its
+ * owner inside, or a thief. */
+void mp_xcache_flush(magpool_t *pool, mp_tcache *tc, mp_acct *a);
+
+#endif /* MAGPOOL_XCACHE_H */

@@ -1,0 +1,205 @@
+/* test_xcache.c - the thread's extent cache (src/xcache.c): extent blocks
+ * a thread frees, kept by granule count for its next requests of about
+ * their size.  The pools are capped (64 MiB unless said), so that their
+ * blocks from 8 KiB to a chunk are extent blocks; a granule is 4 KiB.
+ *
+ *   xcache::a_freed_block_serves_the_next_request_of_about_its_size
+ *        a 136 KiB block (34 granules) freed is cached; a 136 KiB request
+ *        and a 132 KiB one (33: within an eighth) get it back, a 120 KiB
+ *        one (30) does not
+ *   xcache::a_full_bin_gives_its_oldest_back   nine blocks of one class
+ *        freed: eight cached, the first given back; the takes come out
+ *        newest first, then the tree's hint finds the first
+ *   xcache::the_cache_keeps_within_the_threads_share   thread_cache_bytes
+ *        256 KiB: a second 136 KiB block goes back to the tree
+ *   xcache::a_thread_exit_gives_its_blocks_back   nothing stays cached
+ *        once the thread that cached a block has exited
+ *   xcache::the_ladder_takes_an_idle_threads_extent_blocks   a request
+ *        for the whole capped pool succeeds while an idle thread's cache
+ *        holds extent blocks in its chunks (the out-of-memory promise)
+ *   races::thief_waits_for_an_extent_cache_owner_inside   that ladder's
+ *        thief meets the owner stopped inside its put (MP_HOOK_XCACHE_PUT,
+ *        the block just kept): it waits, then gives the block back too
+ *
+ * Internal headers: links the static archive.
+ */
+#define _GNU_SOURCE
+#include "internal.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "flag.h"
+#include "test_util.h"
+
+static magpool_t *capped(size_t max, size_t thread_cache) {
+  return mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1, .max = max,
+                             .thread_cache = thread_cache});
+}
+
+Test(xcache, a_freed_block_serves_the_next_request_of_about_its_size) {
+  magpool_t *pool = capped(64 * MiB, MPT_DEFAULT);
+  char *a = magpool_alloc(pool, 136 * KiB);
+  cr_assert_not_null(a);
+  cr_assert_eq(magpool_usable_size(pool, a), 136 * KiB, "not an extent block");
+  cr_assert_eq(magpool_free(pool, a), 0);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 136 * KiB, "the freed block is not cached");
+  cr_assert_eq(magpool_check(pool), 0);
+
+  char *b = magpool_alloc(pool, 136 * KiB);
+  cr_assert_eq(b, a, "a request of its size did not get the cached block");
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
+  memset(b, 0x21, 136 * KiB);
+  cr_assert_eq(magpool_free(pool, b), 0);
+
+  char *c = magpool_alloc(pool, 132 * KiB); /* 33 granules: 34 is within an eighth */
+  cr_assert_eq(c, a, "a request an eighth smaller did not get it");
+  cr_assert_eq(magpool_usable_size(pool, c), 136 * KiB, "the block keeps its 34 granules");
+  cr_assert_eq(magpool_free_sized(pool, c, 132 * KiB), 0);
+
+  char *d = magpool_alloc(pool, 120 * KiB); /* 30 granules: 34 wastes too much */
+  cr_assert_not_null(d);
+  cr_assert_neq(d, a, "a 120 KiB request took the 136 KiB block");
+  cr_assert_eq(magpool_usable_size(pool, d), 120 * KiB);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 136 * KiB);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, d), 0);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 256 * KiB);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+Test(xcache, a_full_bin_gives_its_oldest_back) {
+  /* 16 MiB: the thread's share (pool_size / 8) holds a full bin. */
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 16 * MiB, .growth = 1, .max = 64 * MiB});
+  char *x[MP_XCAP + 1];
+  for (unsigned i = 0; i <= MP_XCAP; i++) cr_assert_not_null(x[i] = magpool_alloc(pool, 136 * KiB));
+  for (unsigned i = 0; i <= MP_XCAP; i++) cr_assert_eq(magpool_free(pool, x[i]), 0);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, MP_XCAP * 136 * KiB, "not a full bin cached");
+  cr_assert_eq(magpool_check(pool), 0);
+  for (unsigned i = MP_XCAP; i >= 1; i--)
+    cr_assert_eq(magpool_alloc(pool, 136 * KiB), x[i], "take %u: not the newest", MP_XCAP - i);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
+  /* The bin is empty: the tree, whose hint is the block given back last. */
+  cr_assert_eq(magpool_alloc(pool, 136 * KiB), x[0], "the oldest did not go back to the tree");
+  for (unsigned i = 0; i <= MP_XCAP; i++) cr_assert_eq(magpool_free(pool, x[i]), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+Test(xcache, the_cache_keeps_within_the_threads_share) {
+  magpool_t *pool = capped(64 * MiB, 256 * KiB);
+  void *a = magpool_alloc(pool, 136 * KiB), *b = magpool_alloc(pool, 136 * KiB);
+  cr_assert(a != NULL && b != NULL);
+  cr_assert_eq(magpool_free(pool, a), 0);
+  cr_assert_eq(magpool_free(pool, b), 0);
+  magpool_stats_t s = mpt_stats(pool);
+  cr_assert_eq(s.cached_bytes, 136 * KiB, "cached %zu of a 256 KiB share", s.cached_bytes);
+  cr_assert_eq(magpool_check(pool), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+typedef struct worker {
+  magpool_t *pool;
+  size_t size;
+  unsigned n;
+  void *p[16];
+  flag cached, done;
+  bool stop_in_put;
+} worker;
+
+static _Thread_local bool put_stops_here;
+static flag put_inside = FLAG_INIT, put_go = FLAG_INIT;
+static _Atomic int thief_waited;
+
+static void put_hook(int point, void *arg) {
+  (void)arg;
+  if (point == MP_HOOK_XCACHE_PUT && put_stops_here) {
+    put_stops_here = false;
+    flag_set(&put_inside);
+    flag_wait(&put_go);
+  } else if (point == MP_HOOK_REVOKE_WAIT && !atomic_exchange(&thief_waited, 1)) {
+    flag_set(&put_go); /* the thief waits for the owner: let it out */
+  }
+}
+
+/* Allocates n blocks of `size`, frees them (the last one stopped inside
+ * the put when stop_in_put), says so, and waits for `done`. */
+static void *cache_some(void *arg) {
+  worker *w = arg;
+  for (unsigned i = 0; i < w->n; i++) w->p[i] = magpool_alloc(w->pool, w->size);
+  for (unsigned i = 0; i < w->n; i++) {
+    put_stops_here = w->stop_in_put && i + 1 == w->n;
+    magpool_free(w->pool, w->p[i]);
+  }
+  flag_set(&w->cached);
+  flag_wait(&w->done);
+  return NULL;
+}
+
+Test(xcache, a_thread_exit_gives_its_blocks_back) {
+  magpool_t *pool = capped(64 * MiB, MPT_DEFAULT);
+  worker w = {.pool = pool, .size = 136 * KiB, .n = 3, .cached = FLAG_INIT, .done = FLAG_INIT};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, cache_some, &w), 0);
+  flag_wait(&w.cached);
+  for (unsigned i = 0; i < w.n; i++) cr_assert_not_null(w.p[i]);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 3 * 136 * KiB, "the worker caches nothing");
+  flag_set(&w.done);
+  pthread_join(th, NULL);
+  magpool_stats_t s = mpt_stats(pool);
+  cr_assert_eq(s.cached_bytes, 0, "%zu bytes cached after the thread's exit", s.cached_bytes);
+  cr_assert_eq(s.used_bytes, 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+/* A pool capped at 8 MiB; the worker's three cached 136 KiB blocks keep a
+ * chunk busy; the whole cap is free only if they go back. */
+Test(xcache, the_ladder_takes_an_idle_threads_extent_blocks, .timeout = 60) {
+  magpool_t *pool = capped(8 * MiB, MPT_DEFAULT);
+  worker w = {.pool = pool, .size = 136 * KiB, .n = 3, .cached = FLAG_INIT, .done = FLAG_INIT};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, cache_some, &w), 0);
+  flag_wait(&w.cached);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 3 * 136 * KiB);
+  void *all = magpool_alloc(pool, 8 * MiB);
+  cr_assert_not_null(all, "ENOMEM (%s) while an idle thread caches extent blocks",
+                     magpool_strerror(magpool_last_error()));
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
+  memset(all, 0x7e, 8 * MiB);
+  cr_assert_eq(magpool_free(pool, all), 0);
+  flag_set(&w.done); /* the owner finds its bins emptied */
+  pthread_join(th, NULL);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+Test(races, thief_waits_for_an_extent_cache_owner_inside, .timeout = 60) {
+  magpool_t *pool = capped(8 * MiB, MPT_DEFAULT);
+  mp_hook_set(put_hook);
+  worker w = {.pool = pool, .size = 136 * KiB, .n = 2, .cached = FLAG_INIT, .done = FLAG_INIT,
+              .stop_in_put = true};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, cache_some, &w), 0);
+  flag_wait(&put_inside);
+  /* The owner is stopped inside its put, both blocks in its bin.  The
+   * ladder's thief must wait for it (the hook lets it out then), and take
+   * both blocks after, the one just kept included. */
+  void *all = magpool_alloc(pool, 8 * MiB);
+  flag_wait(&w.cached);
+  mp_hook_set(NULL);
+  cr_assert_eq(atomic_load(&thief_waited), 1, "the thief never waited for the owner");
+  cr_assert_not_null(all, "ENOMEM (%s) with the owner's blocks cached",
+                     magpool_strerror(magpool_last_error()));
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
+  cr_assert_eq(magpool_free(pool, all), 0);
+  flag_set(&w.done);
+  pthread_join(th, NULL);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
