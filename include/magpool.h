@@ -164,12 +164,16 @@ typedef struct magpool_config {
                                 (magpool_alloc).  So a capped pool holds
                                 4,000 live 136 KiB blocks within 1.024 of
                                 their bytes where their power of two
-                                would take 1.88, at the price of a take
-                                from the shared tree for each allocation
-                                and free from 8 KiB to a chunk (about
-                                1,000-2,000 instructions where a cache
-                                hit costs tens; docs/benchmarks.md).
-                                Where the footprint matters more than
+                                would take 1.88.  A thread keeps the
+                                extent blocks it frees (within its share
+                                of thread_cache_bytes, 8 of each size
+                                class) for its next request whose
+                                granules they hold with at most an
+                                eighth to spare; other requests take
+                                from the shared tree (about 1,000-2,000
+                                instructions an allocation and free,
+                                where a cache hit costs tens;
+                                docs/benchmarks.md).  Where the footprint matters more than
                                 the speed of blocks of 256 KiB to 1 MiB,
                                 256 KiB on an uncapped pool does the
                                 same there                              */
