@@ -38,8 +38,6 @@
  * of its request's granules, and only while it is live. */
 #include "xcache.h"
 
-#include <string.h>
-
 #include "extent.h"
 
 #define ENT_ORDER_BITS 6
@@ -61,9 +59,10 @@ static inline unsigned ent_order(uint32_t ent) {
 
 /* Removes entry i of bin x, keeping the others' order. */
 static void bin_remove(mp_xbin *x, uint32_t i) {
-  uint32_t k = x->count - i - 1;
-  memmove(&x->ent[i], &x->ent[i + 1], k * sizeof x->ent[0]);
-  memmove(&x->slot[i], &x->slot[i + 1], k * sizeof x->slot[0]);
+  for (uint32_t k = i + 1; k < x->count; k++) { /* none for the newest, the usual take */
+    x->ent[k - 1] = x->ent[k];
+    x->slot[k - 1] = x->slot[k];
+  }
   x->count--;
 }
 
