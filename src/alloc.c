@@ -18,8 +18,8 @@
 
 /* A thread-magazine miss, or an order no magazine holds: the magazines'
  * slow path (record held), else the extent cache (xcache.c) and the tree;
- * the ladder (record not held) when they come up empty.  While a thief holds our magazines, the tree
- * serves us directly. */
+ * the ladder (record not held) when they come up empty.  While a thief
+ * holds our magazines, the tree serves us directly. */
 static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order,
                                     size_t size) {
   /* Lazy coalescing of stream frees; the check saves a call when none is

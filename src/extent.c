@@ -174,7 +174,7 @@ int64_t mp_extent_fit(magpool_t *pool, mp_region *r, uint32_t n) {
    * chunk costs some 800 instructions.  Not in an empty chunk, which the
    * fullest chunks' room should spare.  A lost piece gives back the ones
    * claimed, as in fit_in. */
-  if (busy && n <= hn && hn - n <= n / 8) {
+  if (busy && mp_extent_fits(n, (uint32_t)hn)) {
     MP_HOOK(MP_HOOK_EXTENT_FOUND, r->base + ((x << g) << pool->min_shift));
     if (claim_range(&r->tree, x, n, g)) return (int64_t)(x << g);
   }

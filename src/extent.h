@@ -24,6 +24,11 @@ static inline uint32_t mp_extent_granules(const magpool_t *pool, size_t need) {
   return need == 0 ? 1 : (uint32_t)((need + ((size_t)1 << gs) - 1) >> gs);
 }
 
+/* The waste rule of a block kept for reuse (mp_extent_fit's hint, the
+ * thread's extent cache): m granules serve a request of n if they hold it
+ * with at most an eighth of n to spare. */
+static inline bool mp_extent_fits(uint32_t n, uint32_t m) { return n <= m && m - n <= n / 8; }
+
 /* Sets xlo and gord from the pool's cache classes.  Create only, after
  * the classes are known. */
 void mp_extents_setup(magpool_t *pool);

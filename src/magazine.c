@@ -184,8 +184,10 @@ void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
 
 void mp_cache_free_slow(magpool_t *pool, mp_tcache *tc, void *p, unsigned order) {
   if (order >= tc->nclasses) {
-    tc->limit = mp_cache_share(pool, pool->cfg.thread_cache_bytes);
-    if (mp_xcache_put(pool, tc, p, order)) return; /* an extent block, kept */
+    if (mp_xcache_holds(pool, tc, order)) { /* an extent block: kept if it fits */
+      tc->limit = mp_cache_share(pool, pool->cfg.thread_cache_bytes);
+      if (mp_xcache_put(pool, tc, p, order)) return;
+    }
     if (tc->nclasses == 0 && mp_block_bytes(pool, order) <= pool->cfg.cache_max_block) {
       /* Caching off: small blocks are only released (lazy coalescing).
        * Merging every free at once would make each alloc/free pair split

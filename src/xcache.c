@@ -27,9 +27,10 @@
  *       date): a put that would pass it is refused.
  *
  * Concurrency: as the magazines (magazine.c): the owner inside the
- * record's revoke enter/exit (mp_tcache_enter_owner, thread.h), or a thief that took the record over with
- * the revoke handshake (mp_tcaches_steal, which flushes through
- * mp_tcache_flush); plain loads and stores either way.  A take or put
+ * record's revoke enter/exit (mp_tcache_enter_owner, thread.h), or a
+ * thief that took the record over with the revoke handshake
+ * (mp_tcaches_steal, which flushes through mp_tcache_flush); plain loads
+ * and stores either way.  A take or put
  * that finds a thief inside backs off to the tree.
  *
  * Waste: a take accepts a block of n to n + n/8 granules for a request of
@@ -37,8 +38,6 @@
  * the request's order: E1), so a cached block wastes at most an eighth
  * of its request's granules, and only while it is live. */
 #include "xcache.h"
-
-#include "extent.h"
 
 #define ENT_ORDER_BITS 6
 
@@ -67,17 +66,17 @@ static void bin_remove(mp_xbin *x, uint32_t i) {
 }
 
 void *mp_xcache_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size) {
-  if (tc->nclasses == 0 || !mp_extent_order(pool, order)) return NULL;
-  uint32_t n = mp_extent_granules(pool, size);
-  uint32_t hi = n + n / 8, full = (uint32_t)1 << (order - pool->chunks->gord);
-  if (hi > full) hi = full;
+  if (!mp_xcache_holds(pool, tc, order)) return NULL;
+  uint32_t n = mp_extent_granules(pool, size), hi = n + n / 8;
+  uint32_t full = (uint32_t)1 << (order - pool->chunks->gord);
+  if (hi > full) hi = full; /* the bins to look in */
   if (!mp_revoke_enter_owner(&tc->rv)) return NULL;
   void *p = NULL;
   for (unsigned b = xbin(n), last = xbin(hi); b <= last && p == NULL; b++) {
     mp_xbin *x = &tc->xc[b];
     for (uint32_t i = x->count; i-- > 0;) {
       uint32_t m = x->ent[i] >> ENT_ORDER_BITS;
-      if (m < n || m > hi) continue;
+      if (!mp_extent_fits(n, m) || m > full) continue;
       p = x->slot[i];
       mp_owner_add(&tc->st.cached, -(uint64_t)ent_bytes(pool, x->ent[i]));
       bin_remove(x, i);
@@ -89,7 +88,7 @@ void *mp_xcache_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size
 }
 
 bool mp_xcache_put(magpool_t *pool, mp_tcache *tc, void *p, unsigned order) {
-  if (tc->nclasses == 0 || !mp_extent_order(pool, order)) return false;
+  if (!mp_xcache_holds(pool, tc, order)) return false;
   size_t cost = mp_block_cost(pool, p, order);
   uint32_t m = (uint32_t)(cost >> (pool->chunks->gord + pool->min_shift));
   if (!mp_revoke_enter_owner(&tc->rv)) return false;

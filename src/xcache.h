@@ -4,7 +4,14 @@
 #ifndef MAGPOOL_XCACHE_H
 #define MAGPOOL_XCACHE_H
 
-#include "internal.h"
+#include "extent.h"
+
+/* Does the thread's extent cache take blocks of `order`: an extent order
+ * (extent.h), with the record's caches on (not tracking, and
+ * thread_cache_bytes not 0)?  Owner thread. */
+static inline bool mp_xcache_holds(const magpool_t *pool, const mp_tcache *tc, unsigned order) {
+  return tc->nclasses != 0 && mp_extent_order(pool, order);
+}
 
 /* A cached extent block for a request of `size` bytes of extent order
  * `order`: one whose granules hold the request with at most an eighth of
@@ -15,9 +22,10 @@
 void *mp_xcache_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size);
 /* Keeps the extent block p of `order`, its header already cleared, in the
  * thread's cache: true.  False (the caller gives it back): not an extent
- * order, caches off, a thief inside, or over tc->limit (the thread's
- * share of thread_cache_bytes, brought up to date by the caller).  A full bin gives its oldest block back first.
- * Owner thread; enters and leaves the record itself. */
+ * order, caches off (mp_xcache_holds), a thief inside, or over tc->limit
+ * (the thread's share of thread_cache_bytes, brought up to date by the
+ * caller).  A full bin gives its oldest block back first.  Owner thread;
+ * enters and leaves the record itself. */
 bool mp_xcache_put(magpool_t *pool, mp_tcache *tc, void *p, unsigned order);
 /* Gives every cached block back, accounted in a.  The record held: its
  * owner inside, or a thief. */
