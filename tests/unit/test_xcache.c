@@ -20,6 +20,10 @@
  *   races::thief_waits_for_an_extent_cache_owner_inside   that ladder's
  *        thief meets the owner stopped inside its put (MP_HOOK_XCACHE_PUT,
  *        the block just kept): it waits, then gives the block back too
+ *   races::a_take_that_meets_a_thief_goes_to_the_tree   the owner lets
+ *        the waiting thief in and takes again while the thief holds the
+ *        record (MP_HOOK_REVOKE_WAIT held): the take backs off to the
+ *        tree, not to the bins the thief is about to empty
  *
  * Internal headers: links the static archive.
  */
@@ -108,12 +112,14 @@ typedef struct worker {
   unsigned n;
   void *p[16];
   flag cached, done;
-  bool stop_in_put;
+  bool stop_in_put, take_after; /* take_after: one more block once cached */
+  void *got;
 } worker;
 
 static _Thread_local bool put_stops_here;
-static flag put_inside = FLAG_INIT, put_go = FLAG_INIT;
+static flag put_inside = FLAG_INIT, put_go = FLAG_INIT, took = FLAG_INIT;
 static _Atomic int thief_waited;
+static bool thief_waits_for_the_take;
 
 static void put_hook(int point, void *arg) {
   (void)arg;
@@ -123,6 +129,7 @@ static void put_hook(int point, void *arg) {
     flag_wait(&put_go);
   } else if (point == MP_HOOK_REVOKE_WAIT && !atomic_exchange(&thief_waited, 1)) {
     flag_set(&put_go); /* the thief waits for the owner: let it out */
+    if (thief_waits_for_the_take) flag_wait(&took); /* and hold the record meanwhile */
   }
 }
 
@@ -134,6 +141,10 @@ static void *cache_some(void *arg) {
   for (unsigned i = 0; i < w->n; i++) {
     put_stops_here = w->stop_in_put && i + 1 == w->n;
     magpool_free(w->pool, w->p[i]);
+  }
+  if (w->take_after) {
+    w->got = magpool_alloc(w->pool, w->size);
+    flag_set(&took);
   }
   flag_set(&w->cached);
   flag_wait(&w->done);
@@ -198,6 +209,37 @@ Test(races, thief_waits_for_an_extent_cache_owner_inside, .timeout = 60) {
                      magpool_strerror(magpool_last_error()));
   cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
   cr_assert_eq(magpool_free(pool, all), 0);
+  flag_set(&w.done);
+  pthread_join(th, NULL);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+Test(races, a_take_that_meets_a_thief_goes_to_the_tree, .timeout = 60) {
+  magpool_t *pool = capped(8 * MiB, MPT_DEFAULT);
+  mp_hook_set(put_hook);
+  thief_waits_for_the_take = true;
+  worker w = {.pool = pool, .size = 136 * KiB, .n = 2, .cached = FLAG_INIT, .done = FLAG_INIT,
+              .stop_in_put = true, .take_after = true};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, cache_some, &w), 0);
+  flag_wait(&put_inside);
+  /* The ladder's thief announces, finds the owner inside and waits; the
+   * hook lets the owner out and holds the thief until the owner's next
+   * take has run.  That take must not enter the bins: the tree serves it.
+   * The whole cap then does not fit beside its live block. */
+  void *all = magpool_alloc(pool, 8 * MiB);
+  flag_wait(&w.cached);
+  mp_hook_set(NULL);
+  cr_assert_eq(atomic_load(&thief_waited), 1, "the thief never waited for the owner");
+  cr_assert_not_null(w.got, "the owner's take failed");
+  cr_assert(w.got != w.p[0] && w.got != w.p[1], "the take used a bin the thief held");
+  cr_assert_eq(magpool_usable_size(pool, w.got), 136 * KiB);
+  cr_assert_null(all, "the whole cap, while the owner holds a live block");
+  cr_assert_eq(magpool_last_error(), MAGPOOL_ENOMEM);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 0, "the thief left the bins full");
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, w.got), 0);
   flag_set(&w.done);
   pthread_join(th, NULL);
   mpt_assert_all_free(pool);
