@@ -151,6 +151,29 @@ static void *cache_some(void *arg) {
   return NULL;
 }
 
+/* Starts w's thread stopped inside the put of its last block
+ * (stop_in_put), asks for the whole 8 MiB cap so that the ladder's thief
+ * meets that owner, and waits until the thread is done caching.  Returns
+ * the request's block, or NULL. */
+static void *steal_from_an_owner_in_put(worker *w, pthread_t *th) {
+  mp_hook_set(put_hook);
+  cr_assert_eq(pthread_create(th, NULL, cache_some, w), 0);
+  flag_wait(&put_inside);
+  void *all = magpool_alloc(w->pool, 8 * MiB);
+  flag_wait(&w->cached);
+  mp_hook_set(NULL);
+  cr_assert_eq(atomic_load(&thief_waited), 1, "the thief never waited for the owner");
+  return all;
+}
+
+/* Lets w's thread exit, then checks that the pool is empty and ends it. */
+static void finish(worker *w, pthread_t th) {
+  flag_set(&w->done);
+  pthread_join(th, NULL);
+  mpt_assert_all_free(w->pool);
+  mpt_pool_done(w->pool);
+}
+
 Test(xcache, a_thread_exit_gives_its_blocks_back) {
   magpool_t *pool = capped(64 * MiB, MPT_DEFAULT);
   worker w = {.pool = pool, .size = 136 * KiB, .n = 3, .cached = FLAG_INIT, .done = FLAG_INIT};
@@ -184,54 +207,36 @@ Test(xcache, the_ladder_takes_an_idle_threads_extent_blocks, .timeout = 60) {
   cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
   memset(all, 0x7e, 8 * MiB);
   cr_assert_eq(magpool_free(pool, all), 0);
-  flag_set(&w.done); /* the owner finds its bins emptied */
-  pthread_join(th, NULL);
-  mpt_assert_all_free(pool);
-  mpt_pool_done(pool);
+  finish(&w, th); /* the owner finds its bins emptied */
 }
 
 Test(races, thief_waits_for_an_extent_cache_owner_inside, .timeout = 60) {
   magpool_t *pool = capped(8 * MiB, MPT_DEFAULT);
-  mp_hook_set(put_hook);
   worker w = {.pool = pool, .size = 136 * KiB, .n = 2, .cached = FLAG_INIT, .done = FLAG_INIT,
               .stop_in_put = true};
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, cache_some, &w), 0);
-  flag_wait(&put_inside);
   /* The owner is stopped inside its put, both blocks in its bin.  The
    * ladder's thief must wait for it (the hook lets it out then), and take
    * both blocks after, the one just kept included. */
-  void *all = magpool_alloc(pool, 8 * MiB);
-  flag_wait(&w.cached);
-  mp_hook_set(NULL);
-  cr_assert_eq(atomic_load(&thief_waited), 1, "the thief never waited for the owner");
+  void *all = steal_from_an_owner_in_put(&w, &th);
   cr_assert_not_null(all, "ENOMEM (%s) with the owner's blocks cached",
                      magpool_strerror(magpool_last_error()));
   cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
   cr_assert_eq(magpool_free(pool, all), 0);
-  flag_set(&w.done);
-  pthread_join(th, NULL);
-  mpt_assert_all_free(pool);
-  mpt_pool_done(pool);
+  finish(&w, th);
 }
 
 Test(races, a_take_that_meets_a_thief_goes_to_the_tree, .timeout = 60) {
   magpool_t *pool = capped(8 * MiB, MPT_DEFAULT);
-  mp_hook_set(put_hook);
   thief_waits_for_the_take = true;
   worker w = {.pool = pool, .size = 136 * KiB, .n = 2, .cached = FLAG_INIT, .done = FLAG_INIT,
               .stop_in_put = true, .take_after = true};
   pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, cache_some, &w), 0);
-  flag_wait(&put_inside);
   /* The ladder's thief announces, finds the owner inside and waits; the
    * hook lets the owner out and holds the thief until the owner's next
    * take has run.  That take must not enter the bins: the tree serves it.
    * The whole cap then does not fit beside its live block. */
-  void *all = magpool_alloc(pool, 8 * MiB);
-  flag_wait(&w.cached);
-  mp_hook_set(NULL);
-  cr_assert_eq(atomic_load(&thief_waited), 1, "the thief never waited for the owner");
+  void *all = steal_from_an_owner_in_put(&w, &th);
   cr_assert_not_null(w.got, "the owner's take failed");
   cr_assert(w.got != w.p[0] && w.got != w.p[1], "the take used a bin the thief held");
   cr_assert_eq(magpool_usable_size(pool, w.got), 136 * KiB);
@@ -240,8 +245,5 @@ Test(races, a_take_that_meets_a_thief_goes_to_the_tree, .timeout = 60) {
   cr_assert_eq(mpt_stats(pool).cached_bytes, 0, "the thief left the bins full");
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, w.got), 0);
-  flag_set(&w.done);
-  pthread_join(th, NULL);
-  mpt_assert_all_free(pool);
-  mpt_pool_done(pool);
+  finish(&w, th);
 }
