@@ -29,7 +29,8 @@ static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned ord
   if (order < tc->nclasses && mp_tcache_enter_owner(tc)) {
     p = mp_cache_alloc_slow(pool, tc, order);
     mp_tcache_exit_owner(tc);
-  } else if ((p = mp_xcache_take(pool, tc, order, size)) == NULL) {
+  } else if (!mp_xcache_holds(pool, tc, order) ||
+             (p = mp_xcache_take(pool, tc, order, size)) == NULL) {
     p = mp_region_take_need(pool, &tc->acct, order, size, false);
   }
   return p != NULL ? p : mp_ladder_take(pool, tc, order, size);

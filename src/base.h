@@ -89,6 +89,18 @@
 
 static inline unsigned mp_ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
 static inline unsigned mp_clz64(uint64_t x) { return (unsigned)__builtin_clzll(x); }
+/* Set bits of x.  Without -mpopcnt (the portable build) GCC's builtin is a
+ * libgcc call; this is a dozen inline instructions (the run bitmaps). */
+static inline unsigned mp_popcount64(uint64_t x) {
+#ifdef __POPCNT__
+  return (unsigned)__builtin_popcountll(x);
+#else
+  x -= (x >> 1) & 0x5555555555555555u;
+  x = (x & 0x3333333333333333u) + ((x >> 2) & 0x3333333333333333u);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fu;
+  return (unsigned)((x * 0x0101010101010101u) >> 56);
+#endif
+}
 /* ceil(log2(x)) for x >= 1 */
 static inline unsigned mp_log2_ceil(uint64_t x) {
   return x <= 1 ? 0 : 64u - mp_clz64(x - 1);

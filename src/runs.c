@@ -76,7 +76,7 @@ static uint32_t mapped_in(const mp_chunks *c, uint32_t s, uint32_t m) {
     uint64_t w = map_word(c, wi), lo = wi * 64, hi = lo + 64;
     uint64_t from = a > lo ? a : lo, to = b < hi ? b : hi; /* the window's bits here */
     uint64_t in = (~(uint64_t)0 >> (64 - (to - from))) << (from - lo); /* all mapped: no popcount */
-    k += (w & in) == in ? (uint32_t)(to - from) : (uint32_t)__builtin_popcountll(w & in);
+    k += (w & in) == in ? (uint32_t)(to - from) : (uint32_t)mp_popcount64(w & in);
   }
   return k;
 }
@@ -146,8 +146,8 @@ static void bits_clear(uint64_t *w, const uint64_t *other, uint32_t a, uint32_t 
     uint64_t f = w[wi] & word_mask(a, b, wi);
     if (f == 0) continue; /* the common case: nothing fenced or retired */
     w[wi] &= ~f;
-    *n += (uint64_t)__builtin_popcountll(f);
-    *both += (uint64_t)__builtin_popcountll(f & other[wi]);
+    *n += (uint64_t)mp_popcount64(f);
+    *both += (uint64_t)mp_popcount64(f & other[wi]);
   }
 }
 
@@ -248,6 +248,14 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adop
   if (!same) mp_store_relaxed(&r->taker, owner);
   pick b = {0, 0, 0, 0, false};
   unsigned looked = 0;
+  /* The usual warm take first: the newest free run of exactly m chunks,
+   * all mapped, usable whole (as the scan below would find it first). */
+  uint32_t s0 = m < MP_RUN_BINS ? r->bin[m] : NIL;
+  if (s0 != NIL && (mp_load_relaxed(&r->nfenced) == 0 || (owner != 0 && r->sole == owner)) &&
+      mapped_in(pool->chunks, s0, m) == m) {
+    b = (pick){s0, s0, m, m, true};
+    goto take;
+  }
   /* By length, shortest first: once a window is all mapped, longer runs
    * cannot beat it. */
   for (uint32_t L = next_full(r, m); L < MP_RUN_BINS && looked < MP_RUN_SCAN &&

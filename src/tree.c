@@ -335,7 +335,7 @@ void mp_tree_coalesce_all(mp_tree *t) {
 
 static void count_word(void *arg, uint64_t wi, uint64_t w) {
   (void)wi;
-  *(uint64_t *)arg += (uint64_t)__builtin_popcountll(w);
+  *(uint64_t *)arg += (uint64_t)mp_popcount64(w);
 }
 
 uint64_t mp_tree_free_units(const mp_tree *t) {

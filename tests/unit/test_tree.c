@@ -115,6 +115,21 @@ typedef struct blk {
 /* init                                                               */
 /* ------------------------------------------------------------------ */
 
+/* mp_popcount64 (base.h), which counts the tree's and the runs' bitmap
+ * words, against a loop over the bits: edge words and pseudo-random ones. */
+Test(tree, popcount_matches_a_bit_loop) {
+  uint64_t x = 0x9e3779b97f4a7c15u;
+  for (unsigned i = 0; i < 100000; i++) {
+    uint64_t w = i == 0 ? 0 : i == 1 ? ~(uint64_t)0 : i < 66 ? (uint64_t)1 << (i - 2) : x;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    if (i % 3 == 0) w &= x; /* sparser words too */
+    unsigned n = 0;
+    for (unsigned b = 0; b < 64; b++) n += (unsigned)(w >> b & 1);
+    cr_assert_eq(mp_popcount64(w), n, "word %#llx: %u bits, not %u", (unsigned long long)w, n,
+                 mp_popcount64(w));
+  }
+}
+
 Test(tree, init_sizes) {
   for (size_t i = 0; i < NSIZES; i++) {
     mp_tree t;
