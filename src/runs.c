@@ -248,14 +248,12 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adop
   if (!same) mp_store_relaxed(&r->taker, owner);
   pick b = {0, 0, 0, 0, false};
   unsigned looked = 0;
-  /* The usual warm take first: the newest free run of exactly m chunks,
-   * all mapped, usable whole (as the scan below would find it first). */
+  /* The scan's first pick, the usual warm one, without its calls: the
+   * newest free run of exactly m chunks, all mapped, usable whole. */
   uint32_t s0 = m < MP_RUN_BINS ? r->bin[m] : NIL;
   if (s0 != NIL && (mp_load_relaxed(&r->nfenced) == 0 || (owner != 0 && r->sole == owner)) &&
-      mapped_in(pool->chunks, s0, m) == m) {
-    b = (pick){s0, s0, m, m, true};
-    goto take;
-  }
+      mapped_in(pool->chunks, s0, m) == m)
+    b = (pick){s0, s0, m, m, true}; /* the loops below are then skipped */
   /* By length, shortest first: once a window is all mapped, longer runs
    * cannot beat it. */
   for (uint32_t L = next_full(r, m); L < MP_RUN_BINS && looked < MP_RUN_SCAN &&
@@ -447,14 +445,8 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
 
 void mp_runs_fini(magpool_t *pool) {
   mp_runs *r = &pool->chunks->runs;
-  free(r->head);
-  free(r->tail);
-  free(r->next);
-  free(r->prev);
-  free(r->tag);
-  free(r->owner);
-  free(r->fbits);
-  free(r->rbits);
+  void *v[] = {r->head, r->tail, r->next, r->prev, r->tag, r->owner, r->fbits, r->rbits};
+  for (unsigned i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
   r->head = r->tail = r->next = r->prev = r->tag = NULL;
   r->owner = r->fbits = r->rbits = NULL;
 }
