@@ -31,7 +31,7 @@ static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned ord
     mp_tcache_exit_owner(tc);
   } else if (!mp_xcache_holds(pool, tc, order) ||
              (p = mp_xcache_take(pool, tc, order, size)) == NULL) {
-    p = mp_region_take_need(pool, &tc->acct, order, size, false);
+    p = mp_xcache_tree_take(pool, tc, order, size);
   }
   return p != NULL ? p : mp_ladder_take(pool, tc, order, size);
 }

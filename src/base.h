@@ -20,9 +20,12 @@
  * frees before creating memory, 1 does not, MP_TAKE_NOMOVE is 1 but is
  * refused (MP_EGROW) where it would move chunks, MP_TAKE_NOPEAK is
  * NOMOVE refused also where it would raise the busy chunks' high-water
- * mark above pool_size (a take that only reuses what is busy or mapped). */
+ * mark above pool_size (a take that only reuses what is busy or mapped),
+ * MP_TAKE_NOMAP is 0 refused also where it would map a chunk or raise the
+ * mark at all (a thread whose extent cache holds blocks: xcache.c). */
 #define MP_TAKE_NOMOVE 2
 #define MP_TAKE_NOPEAK 3
+#define MP_TAKE_NOMAP 4
 #define MP_MAX_REGIONS 64 /* growth steps a pool can take                 */
 #define MP_MAX_ORDER 48   /* largest block: min_block << MP_MAX_ORDER     */
 #define MP_MAX_CLASSES 24 /* cached orders (thread and stream caches)     */
@@ -165,6 +168,9 @@ enum {
                             extent take found, not yet claimed (extent.c) */
   MP_HOOK_XCACHE_PUT,    /* arg: the block; its thread's extent cache has
                             just kept it, the record still held (xcache.c) */
+  MP_HOOK_XCACHE_REFUSED, /* arg: the record; a take of its owner was
+                            refused a map (MP_TAKE_NOMAP), the record not
+                            held, its extent cache not yet given back   */
 };
 /* MP_HOOK_VMM_UNMAP's argument: the mapping's address, and a flag a test
  * sets to make the driver call fail. */

@@ -13,7 +13,8 @@
  *     max(MP_CHUNK_SLACK_MIN, 1.5 % of hwm) (docs/design.md, "Policy");
  *   - a take that needs an unmapped chunk creates memory while the
  *     budget allows, else moves an empty mapped chunk there (unmap with
- *     keep, then map: no create on sources that keep memory);
+ *     keep, then map: no create on sources that keep memory); with
+ *     MP_TAKE_NOMAP it is refused (its thread's extent cache goes back);
  *   - growth maps each MP_CHUNK_GROUP-aligned window as one group (one
  *     piece of memory with map_group), unmapped whole, a move each whole
  *     MP_MOVE_GROUP-aligned window; pool_size and all of a pool without
@@ -245,8 +246,7 @@ static int make_room(magpool_t *pool, uint64_t n, int grow) {
 
 /* ------------------------------------------------------------ busy counts */
 
-/* First chunk and chunk count of a block's extent, and the units it adds
- * to each chunk. */
+/* First chunk and chunk count of a block's extent, and the units it adds to each. */
 typedef struct extent {
   uint64_t first, n, units;
 } extent;
@@ -316,10 +316,10 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   if (fresh != 0) {
     uint64_t nb = mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
     /* A new high-water mark raises the budget for good: not while stream
-     * frees on their way back could keep it where it is (the caller
-     * waits for them, then asks again with grow), nor for MP_TAKE_NOPEAK. */
-    if (nb > mp_load_relaxed(&c->hwm) &&
-        (grow == MP_TAKE_NOPEAK ? nb > c->keep : !grow && returning_covers(pool, c->chunk))) {
+     * frees on their way back could keep it where it is (the caller waits
+     * for them, then asks again with grow), nor for MP_TAKE_NOPEAK/NOMAP. */
+    if (nb > mp_load_relaxed(&c->hwm) && (grow == MP_TAKE_NOMAP ||
+        (grow == MP_TAKE_NOPEAK ? nb > c->keep : !grow && returning_covers(pool, c->chunk)))) {
       if (!own) busy_sub(pool, &e); /* a run: mp_runs_putback */
       return MP_EGROW;
     }
@@ -330,6 +330,10 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   while (i < end && mp_load_seq_cst(&c->state[i]) == MP_CHUNK_MAPPED) i++;
   if (MP_LIKELY(i == end)) return 0;
 
+  if (grow == MP_TAKE_NOMAP) { /* its thread's extent cache goes back first (xcache.c) */
+    if (!own) busy_sub(pool, &e); /* own: mp_runs_putback */
+    return MP_EGROW;
+  }
   /* Slow path: map what is not mapped, run by run. */
   pthread_mutex_t *lk = lock_of(c);
   pthread_mutex_lock(lk);

@@ -210,13 +210,14 @@ void mp_region_destroy(magpool_t *pool, mp_region *r);
 int mp_region_grow(magpool_t *pool, unsigned order, unsigned seen);
 
 /* Takes one block of `order` from the trees, lowest region first; counts
- * it in *a.  NULL if no region has one now.  Owner of a; ACQUIRE (tree). */
-void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order);
+ * it in *a.  NULL if no region has one now, or `grow` (0 or MP_TAKE_NOMAP,
+ * as below) refused it.  Owner of a; ACQUIRE (tree). */
+void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order, int grow);
 /* As mp_region_take, but on a chunked pool only the first `need` bytes of
  * a block of a chunk or more are backed by memory (the rest is address
- * space no one may touch).  need <= block bytes.  grow: may create memory
- * even while stream frees that could cover it are on their way back
- * (mp_region_take never does), or MP_TAKE_NOMOVE/NOPEAK (base.h, chunk.c). */
+ * space no one may touch).  need <= block bytes.  grow: 0 waits for stream
+ * frees on their way back before creating memory, 1 does not, or
+ * MP_TAKE_NOMOVE/NOPEAK/NOMAP (base.h, chunk.c). */
 void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t need,
                           int grow);
 /* Gives a block back to its region's tree: release + merge.  Owner of a;

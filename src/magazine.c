@@ -167,9 +167,17 @@ void *mp_cache_alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned order) {
   }
   unsigned k = mp_log2_floor(n);
   char *p;
+  /* No map while the extent cache holds blocks: they go back first (X4, xcache.c). */
+  int grow = mp_load_relaxed(&tc->xheld) != 0 ? MP_TAKE_NOMAP : 0;
   for (;;) {
-    p = mp_region_take(pool, &tc->acct, order + k);
+    p = mp_region_take(pool, &tc->acct, order + k, grow);
     if (p != NULL) break;
+    if (k == 0 && grow != 0) {
+      mp_xcache_flush(pool, tc, &tc->acct);
+      grow = 0;
+      k = mp_log2_floor(n);
+      continue;
+    }
     if (k == 0) return NULL; /* the caller runs the ladder; nothing is half-done */
     k--;
   }

@@ -310,9 +310,9 @@ void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t ne
   return take(pool, a, order, need, grow, true);
 }
 
-void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order) {
+void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order, int grow) {
   /* Full extent, from the tree: magazines carve it. */
-  return take(pool, a, order, mp_block_bytes(pool, order), false, false);
+  return take(pool, a, order, mp_block_bytes(pool, order), grow, false);
 }
 
 static void give(magpool_t *pool, mp_acct *a, void *p, unsigned order, bool merge) {

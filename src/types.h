@@ -116,8 +116,7 @@ typedef struct mp_stream_ops {
 /* ------------------------------------------------------ layer 2: blocks */
 
 /* One contiguous range from a source: its tree and its block-header table
- * (hdr.h).  Immutable once published in pool->regions (growth appends,
- * destroy frees). */
+ * (hdr.h).  Immutable once published in pool->regions (growth appends, destroy frees). */
 typedef struct mp_region {
   char *base;
   size_t bytes;
@@ -445,6 +444,7 @@ typedef struct mp_tcache {
   struct mp_tcache *pool_next;   /* pool list; set before publication  */
   struct mp_tcache *thread_next; /* owner thread's list                */
   mp_xbin xc[MP_XBINS];          /* extent cache: held as cls[]        */
+  _Atomic uint32_t xheld; /* its blocks: written as xc, read by the owner outside too */
 } mp_tcache;
 
 /* --------------------------------------------------------- the pool */

@@ -25,13 +25,22 @@
  *   X3  The bins, with the magazines, stay within the thread's share of
  *       thread_cache_bytes (tc->limit, which the caller brings up to
  *       date): a put that would pass it is refused.
+ *   X4  tc->xheld counts the cached blocks.  While it is not 0 the
+ *       owner's takes from the trees may not map a chunk or raise the
+ *       busy chunks' high-water mark (MP_TAKE_NOMAP, chunk.c): the blocks
+ *       go back first (mp_xcache_tree_take, the magazines' refill), so
+ *       that what they hold is used before memory is made.  (Without it
+ *       an uncapped pool with small cache_max_block grew by up to a
+ *       thread's share: docs/benchmarks.md, 2026-12-03, last.)
  *
  * Concurrency: as the magazines (magazine.c): the owner inside the
  * record's revoke enter/exit (mp_tcache_enter_owner, thread.h), or a
  * thief that took the record over with the revoke handshake
  * (mp_tcaches_steal, which flushes through mp_tcache_flush); plain loads
- * and stores either way.  A take or put
- * that finds a thief inside backs off to the tree.
+ * and stores either way, but for xheld, which the owner also reads
+ * outside (relaxed: a stale count only refuses a take that is then
+ * retried, or lets one map).  A take or put that finds a thief inside
+ * backs off to the tree.
  *
  * Waste: a take accepts a block of n to n + n/8 granules for a request of
  * n (and never more than the request's order holds, so the block keeps
@@ -79,6 +88,7 @@ void *mp_xcache_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size
       if (!mp_extent_fits(n, m) || m > full) continue;
       p = x->slot[i];
       mp_owner_add(&tc->st.cached, -(uint64_t)ent_bytes(pool, x->ent[i]));
+      mp_owner_add(&tc->xheld, (uint32_t)-1);
       bin_remove(x, i);
       break;
     }
@@ -96,6 +106,7 @@ bool mp_xcache_put(magpool_t *pool, mp_tcache *tc, void *p, unsigned order) {
   if (x->count == MP_XCAP) { /* the oldest goes back */
     mp_owner_add(&tc->st.cached, -(uint64_t)ent_bytes(pool, x->ent[0]));
     mp_region_give(pool, &tc->acct, x->slot[0], ent_order(x->ent[0]));
+    mp_owner_add(&tc->xheld, (uint32_t)-1);
     bin_remove(x, 0);
   }
   bool kept = mp_load_relaxed(&tc->st.cached) + cost <= tc->limit;
@@ -103,6 +114,7 @@ bool mp_xcache_put(magpool_t *pool, mp_tcache *tc, void *p, unsigned order) {
     x->ent[x->count] = m << ENT_ORDER_BITS | order;
     x->slot[x->count++] = p;
     mp_owner_add(&tc->st.cached, cost);
+    mp_owner_add(&tc->xheld, 1);
     MP_HOOK(MP_HOOK_XCACHE_PUT, p);
   }
   mp_revoke_exit_owner(&tc->rv);
@@ -118,4 +130,17 @@ void mp_xcache_flush(magpool_t *pool, mp_tcache *tc, mp_acct *a) {
     }
     x->count = 0;
   }
+  mp_store_relaxed(&tc->xheld, 0);
+}
+
+void *mp_xcache_tree_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t need) {
+  if (mp_load_relaxed(&tc->xheld) == 0) return mp_region_take_need(pool, &tc->acct, order, need, 0);
+  void *p = mp_region_take_need(pool, &tc->acct, order, need, MP_TAKE_NOMAP);
+  if (p != NULL) return p;
+  MP_HOOK(MP_HOOK_XCACHE_REFUSED, tc);
+  if (mp_revoke_enter_owner(&tc->rv)) { /* else a thief holds them: it gives them back */
+    mp_xcache_flush(pool, tc, &tc->acct);
+    mp_revoke_exit_owner(&tc->rv);
+  }
+  return mp_region_take_need(pool, &tc->acct, order, need, 0);
 }

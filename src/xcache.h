@@ -30,5 +30,12 @@ bool mp_xcache_put(magpool_t *pool, mp_tcache *tc, void *p, unsigned order);
 /* Gives every cached block back, accounted in a.  The record held: its
  * owner inside, or a thief. */
 void mp_xcache_flush(magpool_t *pool, mp_tcache *tc, mp_acct *a);
+/* The owner's take from the trees of `order` for `need` bytes
+ * (mp_region_take_need, grow 0), outside its record: while the extent
+ * cache holds blocks it may not map a chunk or raise the busy chunks'
+ * mark (MP_TAKE_NOMAP); refused, the cached blocks go back (unless a thief
+ * holds the record, which gives them back itself) and it takes again.
+ * NULL: the trees have none (the caller runs the ladder). */
+void *mp_xcache_tree_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t need);
 
 #endif /* MAGPOOL_XCACHE_H */

@@ -288,7 +288,7 @@ Test(give, buddies_merge_into_parent) {
   /* 16 blocks from a fresh tree: lowest address first, so blocks 0..15. */
   void *b[16];
   for (unsigned i = 0; i < 16; i++) {
-    b[i] = mp_region_take(pool, &tc->acct, o);
+    b[i] = mp_region_take(pool, &tc->acct, o, 0);
     cr_assert_not_null(b[i]);
     cr_assert_eq((char *)b[i], r->base + i * bs, "take %u at offset %td", i,
                  (char *)b[i] - r->base);
@@ -341,7 +341,7 @@ Test(give, buddies_merge_into_parent) {
    * o+6 and then, again, the whole tree. */
   void *many[64];
   for (unsigned i = 0; i < 64; i++) {
-    many[i] = mp_region_take(pool, &tc->acct, o);
+    many[i] = mp_region_take(pool, &tc->acct, o, 0);
     cr_assert_eq((char *)many[i], r->base + i * bs);
   }
   mpt_shuffle(&rng, many, 64, sizeof many[0]);
@@ -369,7 +369,7 @@ Test(give, adjacent_non_buddies_stay_apart) {
   const size_t bs = mp_block_bytes(pool, o);
   void *b[4];
   for (unsigned i = 0; i < 4; i++) {
-    b[i] = mp_region_take(pool, &tc->acct, o);
+    b[i] = mp_region_take(pool, &tc->acct, o, 0);
     cr_assert_eq((char *)b[i], r->base + i * bs);
   }
   /* 1 and 2 are adjacent but not buddies (1's buddy is 0, 2's is 3). */

@@ -24,11 +24,19 @@
  *        the waiting thief in and takes again while the thief holds the
  *        record (MP_HOOK_REVOKE_WAIT held): the take backs off to the
  *        tree, not to the bins the thief is about to empty
+ *   xcache::a_take_that_would_map_gives_the_cached_blocks_back_first
+ *        (X4) the kept chunks full, one block cached: a request it does
+ *        not serve gets its granules, not a new chunk
+ *   races::a_refused_take_meets_a_thief   the owner stopped between its
+ *        refused take and giving its cached blocks back
+ *        (MP_HOOK_XCACHE_REFUSED) while the ladder's thief takes them: the
+ *        thief's flush leaves nothing counted, and the owner's take then
+ *        succeeds
  *
  * Internal headers: links the static archive.
  */
 #define _GNU_SOURCE
-#include "internal.h"
+#include "thread.h" /* internal.h and the thread record */
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -246,4 +254,103 @@ Test(races, a_take_that_meets_a_thief_goes_to_the_tree, .timeout = 60) {
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, w.got), 0);
   finish(&w, th);
+}
+
+/* Sixteen 256 KiB extent blocks fill the two chunks pool_size keeps. */
+static void fill_kept_chunks(magpool_t *pool, char *x[16]) {
+  for (unsigned i = 0; i < 16; i++) cr_assert_not_null(x[i] = magpool_alloc(pool, 256 * KiB));
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 4 * MiB, "the blocks did not fill the kept chunks");
+}
+
+/* The pool may grow to 64 MiB.  A 200 KiB request (50 granules) is not
+ * served by the cached 256 KiB block (64: past an eighth), and no mapped
+ * chunk has room: the old take mapped a third chunk beside the cached
+ * block's granules. */
+Test(xcache, a_take_that_would_map_gives_the_cached_blocks_back_first) {
+  magpool_t *pool = capped(64 * MiB, MPT_DEFAULT);
+  char *x[16];
+  fill_kept_chunks(pool, x);
+  cr_assert_eq(magpool_free(pool, x[5]), 0);
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 256 * KiB, "the freed block is not cached");
+  char *c = magpool_alloc(pool, 200 * KiB);
+  cr_assert_not_null(c);
+  magpool_stats_t s = mpt_stats(pool);
+  cr_assert_eq(s.reserved_bytes, 4 * MiB, "%zu bytes reserved: a chunk was mapped while the thread "
+               "cached a block with room", s.reserved_bytes);
+  cr_assert(c >= x[5] && c < x[5] + 256 * KiB, "the request did not get the cached block's granules");
+  cr_assert_eq(s.cached_bytes, 0, "the cached block did not go back");
+  cr_assert_eq(magpool_check(pool), 0);
+  memset(c, 0x3c, 200 * KiB);
+  cr_assert_eq(magpool_free(pool, c), 0);
+  for (unsigned i = 0; i < 16; i++)
+    if (i != 5) cr_assert_eq(magpool_free(pool, x[i]), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
+}
+
+static flag refused = FLAG_INIT, refused_go = FLAG_INIT;
+static _Thread_local bool refusal_stops_here;
+
+static void refused_hook(int point, void *arg) {
+  (void)arg;
+  if (point == MP_HOOK_XCACHE_REFUSED && refusal_stops_here) {
+    refusal_stops_here = false;
+    flag_set(&refused);
+    flag_wait(&refused_go);
+  }
+}
+
+typedef struct refuser {
+  magpool_t *pool;
+  char *x[16], *got;
+  mp_tcache *tc;
+  flag done;
+} refuser;
+
+/* Fills the kept chunks, caches x[5], then asks for 200 KiB, stopped
+ * after the take was refused. */
+static void *refuse_a_take(void *arg) {
+  refuser *r = arg;
+  fill_kept_chunks(r->pool, r->x);
+  r->tc = mp_tcache_get(r->pool);
+  magpool_free(r->pool, r->x[5]);
+  refusal_stops_here = true;
+  r->got = magpool_alloc(r->pool, 200 * KiB);
+  flag_wait(&r->done);
+  return NULL;
+}
+
+/* A pool capped at its 4 MiB.  The owner's take is refused (a third chunk
+ * would be mapped), and before it gives its cached block back, another
+ * thread's 256 KiB request finds the cap full: its ladder steals the
+ * owner's record, whose block it gets.  The owner then finds its bins
+ * empty and takes what that thread gave back. */
+Test(races, a_refused_take_meets_a_thief, .timeout = 60) {
+  magpool_t *pool = capped(4 * MiB, MPT_DEFAULT);
+  refuser r = {.pool = pool, .done = FLAG_INIT};
+  mp_hook_set(refused_hook);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, refuse_a_take, &r), 0);
+  flag_wait(&refused);
+  cr_assert_eq(mp_load_relaxed(&r.tc->xheld), 1, "the owner's block is not cached");
+  void *b = magpool_alloc(pool, 256 * KiB);
+  cr_assert_not_null(b, "ENOMEM (%s) with the owner's block cached",
+                     magpool_strerror(magpool_last_error()));
+  cr_assert_eq((char *)b, r.x[5], "the thief did not give the owner's block back");
+  cr_assert_eq(mp_load_relaxed(&r.tc->xheld), 0, "the thief's flush left the count");
+  cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
+  cr_assert_eq(magpool_free(pool, b), 0);
+  cr_assert_eq(magpool_trim(pool), 0); /* this thread's cache: b back to the tree */
+  flag_set(&refused_go);
+  flag_set(&r.done);
+  pthread_join(th, NULL);
+  mp_hook_set(NULL);
+  cr_assert_not_null(r.got, "the owner's take failed after the thief emptied its bins");
+  cr_assert(r.got >= r.x[5] && r.got < r.x[5] + 256 * KiB, "the owner's take mapped past the cap");
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, r.got), 0);
+  for (unsigned i = 0; i < 16; i++)
+    if (i != 5) cr_assert_eq(magpool_free(pool, r.x[i]), 0);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
 }
