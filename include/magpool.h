@@ -173,9 +173,13 @@ typedef struct magpool_config {
                                 from the shared tree (about 1,000-2,000
                                 instructions an allocation and free,
                                 where a cache hit costs tens;
-                                docs/benchmarks.md).  Where the footprint matters more than
-                                the speed of blocks of 256 KiB to 1 MiB,
-                                256 KiB on an uncapped pool does the
+                                docs/benchmarks.md).  A request that
+                                would map memory while its thread keeps
+                                extent blocks has them back first, so
+                                they never make the pool grow.  Where
+                                the footprint matters more than the
+                                speed of blocks below 1 MiB, 8 KiB (or
+                                256 KiB) on an uncapped pool does the
                                 same there                              */
   size_t stream_cache_bytes; /* most bytes one thread keeps of the blocks
                                 it freed on streams, for reuse on the
