@@ -444,7 +444,7 @@ typedef struct mp_tcache {
   struct mp_tcache *pool_next;   /* pool list; set before publication  */
   struct mp_tcache *thread_next; /* owner thread's list                */
   mp_xbin xc[MP_XBINS];          /* extent cache: held as cls[]        */
-  _Atomic uint32_t xheld; /* its blocks: written as xc, read by the owner outside too */
+  _Atomic uint32_t xheld;        /* blocks in xc (X4, xcache.c)          */
 } mp_tcache;
 
 /* --------------------------------------------------------- the pool */

@@ -31,7 +31,7 @@
  *       go back first (mp_xcache_tree_take, the magazines' refill), so
  *       that what they hold is used before memory is made.  (Without it
  *       an uncapped pool with small cache_max_block grew by up to a
- *       thread's share: docs/benchmarks.md, 2026-12-03, last.)
+ *       thread's share: docs/benchmarks.md, 2026-12-03, "last, 2".)
  *
  * Concurrency: as the magazines (magazine.c): the owner inside the
  * record's revoke enter/exit (mp_tcache_enter_owner, thread.h), or a

@@ -124,19 +124,19 @@ typedef struct worker {
   void *got;
 } worker;
 
-static _Thread_local bool put_stops_here;
-static flag put_inside = FLAG_INIT, put_go = FLAG_INIT, took = FLAG_INIT;
+static _Thread_local int stop_at; /* the hook point this thread stops at, once (0: none) */
+static flag stopped = FLAG_INIT, go = FLAG_INIT, took = FLAG_INIT;
 static _Atomic int thief_waited;
 static bool thief_waits_for_the_take;
 
-static void put_hook(int point, void *arg) {
+static void hook(int point, void *arg) {
   (void)arg;
-  if (point == MP_HOOK_XCACHE_PUT && put_stops_here) {
-    put_stops_here = false;
-    flag_set(&put_inside);
-    flag_wait(&put_go);
+  if (point == stop_at) {
+    stop_at = 0;
+    flag_set(&stopped);
+    flag_wait(&go);
   } else if (point == MP_HOOK_REVOKE_WAIT && !atomic_exchange(&thief_waited, 1)) {
-    flag_set(&put_go); /* the thief waits for the owner: let it out */
+    flag_set(&go); /* the thief waits for the owner: let it out */
     if (thief_waits_for_the_take) flag_wait(&took); /* and hold the record meanwhile */
   }
 }
@@ -147,7 +147,7 @@ static void *cache_some(void *arg) {
   worker *w = arg;
   for (unsigned i = 0; i < w->n; i++) w->p[i] = magpool_alloc(w->pool, w->size);
   for (unsigned i = 0; i < w->n; i++) {
-    put_stops_here = w->stop_in_put && i + 1 == w->n;
+    stop_at = w->stop_in_put && i + 1 == w->n ? MP_HOOK_XCACHE_PUT : 0;
     magpool_free(w->pool, w->p[i]);
   }
   if (w->take_after) {
@@ -164,9 +164,9 @@ static void *cache_some(void *arg) {
  * meets that owner, and waits until the thread is done caching.  Returns
  * the request's block, or NULL. */
 static void *steal_from_an_owner_in_put(worker *w, pthread_t *th) {
-  mp_hook_set(put_hook);
+  mp_hook_set(hook);
   cr_assert_eq(pthread_create(th, NULL, cache_some, w), 0);
-  flag_wait(&put_inside);
+  flag_wait(&stopped);
   void *all = magpool_alloc(w->pool, 8 * MiB);
   flag_wait(&w->cached);
   mp_hook_set(NULL);
@@ -288,18 +288,6 @@ Test(xcache, a_take_that_would_map_gives_the_cached_blocks_back_first) {
   mpt_pool_done(pool);
 }
 
-static flag refused = FLAG_INIT, refused_go = FLAG_INIT;
-static _Thread_local bool refusal_stops_here;
-
-static void refused_hook(int point, void *arg) {
-  (void)arg;
-  if (point == MP_HOOK_XCACHE_REFUSED && refusal_stops_here) {
-    refusal_stops_here = false;
-    flag_set(&refused);
-    flag_wait(&refused_go);
-  }
-}
-
 typedef struct refuser {
   magpool_t *pool;
   char *x[16], *got;
@@ -314,7 +302,7 @@ static void *refuse_a_take(void *arg) {
   fill_kept_chunks(r->pool, r->x);
   r->tc = mp_tcache_get(r->pool);
   magpool_free(r->pool, r->x[5]);
-  refusal_stops_here = true;
+  stop_at = MP_HOOK_XCACHE_REFUSED;
   r->got = magpool_alloc(r->pool, 200 * KiB);
   flag_wait(&r->done);
   return NULL;
@@ -328,10 +316,10 @@ static void *refuse_a_take(void *arg) {
 Test(races, a_refused_take_meets_a_thief, .timeout = 60) {
   magpool_t *pool = capped(4 * MiB, MPT_DEFAULT);
   refuser r = {.pool = pool, .done = FLAG_INIT};
-  mp_hook_set(refused_hook);
+  mp_hook_set(hook);
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, refuse_a_take, &r), 0);
-  flag_wait(&refused);
+  flag_wait(&stopped);
   cr_assert_eq(mp_load_relaxed(&r.tc->xheld), 1, "the owner's block is not cached");
   void *b = magpool_alloc(pool, 256 * KiB);
   cr_assert_not_null(b, "ENOMEM (%s) with the owner's block cached",
@@ -341,7 +329,7 @@ Test(races, a_refused_take_meets_a_thief, .timeout = 60) {
   cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
   cr_assert_eq(magpool_free(pool, b), 0);
   cr_assert_eq(magpool_trim(pool), 0); /* this thread's cache: b back to the tree */
-  flag_set(&refused_go);
+  flag_set(&go);
   flag_set(&r.done);
   pthread_join(th, NULL);
   mp_hook_set(NULL);
