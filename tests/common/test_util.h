@@ -7,7 +7,7 @@
  *   random numbers     mpt_rng: deterministic, one state per thread
  *   pools              mpt_pool (from a mpt_cfg), mpt_pool_done, mpt_stats
  *   checks             mpt_assert_conserved, mpt_assert_all_free,
- *                      mpt_assert_one_block, mpt_assert_block,
+ *                      mpt_free_all_done, mpt_assert_one_block, mpt_assert_block,
  *                      mpt_assert_same_stats, MPT_ASSERT_NO_LEAKS
  *
  * The mpt_assert_* helpers use cr_assert: call them from the test's own
@@ -316,6 +316,14 @@ static inline void mpt_assert_all_free(magpool_t *pool) {
                s.pending_bytes);
   cr_assert_eq(s.free_bytes, s.reserved_bytes, "free %zu of %zu after trim",
                s.free_bytes, s.reserved_bytes);
+}
+
+/* The end of a test: frees the n blocks p[] (each free must succeed),
+ * asserts the pool all free (mpt_assert_all_free) and destroys it. */
+static inline void mpt_free_all_done(magpool_t *pool, void *const *p, unsigned n) {
+  for (unsigned i = 0; i < n; i++) cr_assert_eq(magpool_free(pool, p[i]), 0, "free %u of %u", i, n);
+  mpt_assert_all_free(pool);
+  mpt_pool_done(pool);
 }
 
 /* The same, for a pool of one power-of-two region: it is one free block

@@ -795,9 +795,7 @@ Test(extents, a_take_tries_the_granules_just_given_back_first) {
   cr_assert_eq(z, x[0], "not the smallest row once the last one was taken");
   cr_assert_eq(magpool_check(pool), 0);
   void *all[] = {x[1], x[2], x[4], y, z};
-  for (unsigned i = 0; i < 5; i++) cr_assert_eq(magpool_free(pool, all[i]), 0);
-  mpt_assert_all_free(pool);
-  mpt_pool_done(pool);
+  mpt_free_all_done(pool, all, 5);
 }
 
 /* The checker sees an extent block that lost a piece to the tree (E3):

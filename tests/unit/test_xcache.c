@@ -86,7 +86,7 @@ Test(xcache, a_freed_block_serves_the_next_request_of_about_its_size) {
 Test(xcache, a_full_bin_gives_its_oldest_back) {
   /* 16 MiB: the thread's share (pool_size / 8) holds a full bin. */
   magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 16 * MiB, .growth = 1, .max = 64 * MiB});
-  char *x[MP_XCAP + 1];
+  void *x[MP_XCAP + 1];
   for (unsigned i = 0; i <= MP_XCAP; i++) cr_assert_not_null(x[i] = magpool_alloc(pool, 136 * KiB));
   for (unsigned i = 0; i <= MP_XCAP; i++) cr_assert_eq(magpool_free(pool, x[i]), 0);
   cr_assert_eq(mpt_stats(pool).cached_bytes, MP_XCAP * 136 * KiB, "not a full bin cached");
@@ -96,9 +96,7 @@ Test(xcache, a_full_bin_gives_its_oldest_back) {
   cr_assert_eq(mpt_stats(pool).cached_bytes, 0);
   /* The bin is empty: the tree, whose hint is the block given back last. */
   cr_assert_eq(magpool_alloc(pool, 136 * KiB), x[0], "the oldest did not go back to the tree");
-  for (unsigned i = 0; i <= MP_XCAP; i++) cr_assert_eq(magpool_free(pool, x[i]), 0);
-  mpt_assert_all_free(pool);
-  mpt_pool_done(pool);
+  mpt_free_all_done(pool, x, MP_XCAP + 1);
 }
 
 Test(xcache, the_cache_keeps_within_the_threads_share) {
