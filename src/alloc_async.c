@@ -83,7 +83,7 @@ static bool new_peak(const magpool_t *pool, unsigned order, size_t size) {
   const mp_chunks *c = pool->chunks;
   if (c == NULL) return false;
   uint64_t n = (uint64_t)(mp_request_cost(pool, order, size) >> c->shift);
-  uint64_t after = mp_load_relaxed(&c->nbusy) + (n == 0 ? 1 : n);
+  uint64_t after = mp_chunks_nbusy(c) + (n == 0 ? 1 : n);
   return after > mp_load_relaxed(&c->hwm) && after > c->keep;
 }
 

@@ -27,22 +27,27 @@
  *
  * Ordering.  A take counts its chunks busy (seq_cst RMW), then reads each
  * chunk's state (seq_cst load); only if one is not MAPPED does it take the
- * lock.  An unmap, under the lock, marks an empty chunk UNMAPPING
- * (seq_cst store), then re-reads busy (seq_cst load), and unmaps only if
- * it is still 0.  In the single total order either the take's RMW comes
- * first, and the unmap sees busy > 0 and puts MAPPED back, or the unmap's
- * load comes first, and then the take's state load, which follows its RMW,
+ * lock.  An unmap, under the lock, marks empty chunks UNMAPPING (seq_cst
+ * store), then re-reads busy (seq_cst load), and unmaps only if it is
+ * still 0.  In the single total order either the take's RMW comes first,
+ * and the unmap sees busy > 0 and puts MAPPED back, or the unmap's load
+ * comes first, and then the take's state load, which follows its RMW,
  * sees UNMAPPING or UNMAPPED and the take waits for the lock and maps the
  * chunk again.  A take never uses memory that an unmap may be taking
- * away.  An unmap marks every chunk of its row of groups UNMAPPING before
+ * away.  An unmap marks every chunk of its rows of groups UNMAPPING before
  * it re-reads any busy count, so the argument holds for each chunk, and
- * one busy chunk keeps its whole group.  A give's decrement
- * (seq_cst, so RELEASE) happens after the block's last use, and the
- * unmap's re-read (ACQUIRE) sees it: the user's accesses happen before
- * the unmap.  Only the lock holder changes state and the mapped bitmap;
- * takers read a MAPPED store with seq_cst (ACQUIRE), after the map.
- * Run space: stores and a fence for the RMWs (busy_sub). */
-#include "runs.h"
+ * one busy chunk keeps its whole group.  A give's decrement (RELEASE)
+ * happens after the block's last use, and the unmap's re-read (ACQUIRE)
+ * sees it: the user's accesses happen before the unmap.  Only the lock
+ * holder changes state and the mapped bitmap; takers read a MAPPED store
+ * with seq_cst (ACQUIRE), after the map.  Run space (one run a chunk):
+ * plain stores of busy, and for the RMW's StoreLoad order an asymmetric
+ * barrier (revoke.h): the take's mp_asym_light, a compiler barrier where
+ * membarrier works, against the unmap's mp_revoke_barrier between its
+ * marks and its re-reads (unmap_rows), which makes every running thread
+ * of the process execute a full barrier: either a take's busy store is
+ * seen by the re-read, or its state load comes after the marks. */
+#include "chunk.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -68,23 +73,6 @@ static inline uint64_t budget(const mp_chunks *c) {
   return b > c->keep ? b : c->keep;
 }
 
-static void reserved_add(magpool_t *pool, int64_t chunks) {
-  mp_chunks *c = pool->chunks;
-  int64_t d = chunks * (int64_t)c->chunk;
-  size_t now = mp_fetch_add_relaxed(&pool->reserved, (size_t)d) + (size_t)d;
-  if (d > 0 && mp_max_relaxed_size(&pool->peak_reserved, now) == now) /* a new peak */
-    mp_store_relaxed(&pool->pending_at_peak,
-                     mp_load_relaxed(&pool->retire.pending_bytes) +
-                         (int64_t)mp_runs_fenced_bytes(pool, true));
-}
-
-/* The mapped bitmap (under the lock). */
-static inline void bit_put(mp_chunks *c, uint64_t i, bool on) {
-  _Atomic uint64_t *w = &c->mapped[i / 64];
-  uint64_t b = (uint64_t)1 << (i % 64), v = mp_load_relaxed(w);
-  mp_store_relaxed(w, on ? v | b : v & ~b);
-}
-
 /* Maps chunks [a, a + n), all unmapped (with grp: one group, inside one
  * MP_CHUNK_GROUP-aligned window), with one source call: one piece of
  * memory if allowed (above) and n > 1, else a chunk each.  Lock held. */
@@ -100,7 +88,7 @@ static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   for (uint64_t i = a; i < a + n; i++) {
     c->gfirst[i] = one ? (uint32_t)a : (uint32_t)i;
     if (!one) c->glen[i] = 1;
-    bit_put(c, i, true);
+    mp_chunks_bit_put(c, i, true);
     mp_store_seq_cst(&c->state[i], MP_CHUNK_MAPPED);
   }
   uint64_t end = a + n;
@@ -111,7 +99,7 @@ static int map_window(magpool_t *pool, uint64_t a, uint64_t n, bool grp) {
   }
   mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) + n);
   mp_fetch_add_relaxed(&c->maps, n);
-  reserved_add(pool, (int64_t)n);
+  mp_chunks_reserved_add(pool, (int64_t)n);
   return 0;
 }
 
@@ -136,84 +124,6 @@ static int map_run(magpool_t *pool, uint64_t first, uint64_t n, uint64_t moved) 
   return 0;
 }
 
-/* Group g (its first chunk) busy: seq_cst loads, the handshake's re-read. */
-static bool group_busy(const mp_chunks *c, uint64_t g) {
-  for (uint64_t k = g; k < g + c->glen[g]; k++)
-    if (mp_load_seq_cst(&c->busy[k]) != 0) return true;
-  return false;
-}
-
-/* [a, b), whole groups marked UNMAPPING: unmaps each row group_busy finds empty with one
- * source call (keep: for the move's maps, drop_kept frees the rest); a busy group, or a row
- * the source refuses, is MAPPED again.  Lock held.  Returns the chunks unmapped. */
-static uint64_t unmap_span(magpool_t *pool, uint64_t a, uint64_t b, int keep) {
-  mp_chunks *c = pool->chunks;
-  uint64_t got = 0;
-  for (uint64_t g = a, s = a; s < b;) { /* [s, g): empty, then g busy (or b) */
-    while (g < b && !group_busy(c, g)) g += c->glen[g];
-    bool ok = g > s && pool->src->unmap(pool->src_ctx, c->base + (s << c->shift),
-                                        (g - s) << c->shift, keep) == 0;
-    uint64_t e = g < b ? g + c->glen[g] : b; /* with the busy group */
-    for (uint64_t k = s; k < e; k++) {
-      mp_store_seq_cst(&c->state[k], ok && k < g ? MP_CHUNK_UNMAPPED : MP_CHUNK_MAPPED);
-      if (ok && k < g) bit_put(c, k, false);
-    }
-    got += ok ? g - s : 0;
-    s = g = e;
-  }
-  if (got == 0) return 0;
-  mp_store_relaxed(&c->nmapped, mp_load_relaxed(&c->nmapped) - got);
-  mp_fetch_add_relaxed(&c->unmaps, got);
-  reserved_add(pool, -(int64_t)got);
-  return got;
-}
-
-/* Unmaps empty groups in [lo, hi), highest first, until `want` chunks are
- * gone, `floor` left: marks rows of adjacent ones for unmap_span; a second
- * scan replaces any found busy.  Lock held.  Returns the chunks unmapped. */
-static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t want, int keep,
-                           uint64_t floor) {
-  mp_chunks *c = pool->chunks;
-  uint64_t got = 0;
-  for (int scan = 0; scan < 2 && got < want && hi > lo; scan++) {
-    uint64_t sa = 0, sb = 0, marked = 0, before = got; /* the marked row [sa, sb) */
-    for (uint64_t wi = (hi - 1) / 64 + 1; wi-- > lo / 64 && got + (sb - sa) < want;)
-      for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && got + (sb - sa) < want;) {
-        uint64_t i = wi * 64 + 63 - mp_clz64(w), g = c->gfirst[i], n = c->glen[g];
-        w &= ~((uint64_t)1 << (i % 64));
-        if (i < lo || i >= hi || mp_load_relaxed(&c->state[i]) != MP_CHUNK_MAPPED ||
-            mp_load_relaxed(&c->nmapped) < floor + n + (sb - sa) || group_busy(c, g))
-          continue;
-        if (g + n != sa) got += unmap_span(pool, sa, sb, keep), sb = g + n; /* a new row */
-        sa = g;
-        for (uint64_t k = g; k < g + n; k++) mp_store_seq_cst(&c->state[k], MP_CHUNK_UNMAPPING);
-        marked += n;
-        MP_HOOK(MP_HOOK_CHUNK_UNMAP, c->base + (i << c->shift));
-      }
-    got += unmap_span(pool, sa, sb, keep);
-    if (got - before == marked) break;
-  }
-  return got;
-}
-
-/* Unmaps up to `want` empty mapped chunks, the highest first: run space,
- * then the lower half (lowest-first placement wants high chunks last).
- * Returns how many were unmapped.  Lock held. */
-static uint64_t unmap_highest(magpool_t *pool, uint64_t want, int keep, uint64_t floor) {
-  mp_chunks *c = pool->chunks;
-  uint64_t got = unmap_down(pool, c->run0, mp_load_relaxed(&c->run_top), want, keep, floor);
-  return got >= want ? got : got + unmap_down(pool, 0, mp_load_relaxed(&c->tree_top), want - got, keep, floor);
-}
-
-/* Empty mapped chunks, counted up to `enough`.  Lock held. */
-static uint64_t count_empty(mp_chunks *c, uint64_t enough) {
-  uint64_t k = 0;
-  for (uint64_t wi = 0; wi < (c->n + 63) / 64 && k < enough; wi++)
-    for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && k < enough; w &= w - 1)
-      k += mp_load_relaxed(&c->busy[wi * 64 + mp_ctz64(w)]) == 0;
-  return k;
-}
-
 /* Completed stream frees not yet given back (ready) that could cover
  * `bytes`?  Only those: frees still pending behind their streams are not
  * waited for here (that would make a thread wait for other streams' work
@@ -236,11 +146,11 @@ static int make_room(magpool_t *pool, uint64_t n, int grow) {
   /* Over the budget: moves.  Fail before unmapping anything if too few
    * chunks are empty for the run to fit under the cap. */
   uint64_t nm = mp_load_relaxed(&c->nmapped);
-  if (nm + n > c->cap && count_empty(c, nm + n - c->cap) < nm + n - c->cap) return MAGPOOL_ENOMEM;
+  if (nm + n > c->cap && mp_chunks_count_empty(c, nm + n - c->cap) < nm + n - c->cap) return MAGPOOL_ENOMEM;
   uint64_t over = mp_load_relaxed(&c->nmapped) + n - budget(c);
   /* A group unmapped whole may give more than `over`: never below
    * pool_size once the n chunks are mapped. */
-  mp_fetch_add_relaxed(&c->moves, unmap_highest(pool, over, 1, c->keep > n ? c->keep - n : 0));
+  mp_fetch_add_relaxed(&c->moves, mp_chunks_unmap_highest(pool, over, 1, c->keep > n ? c->keep - n : 0));
   return mp_load_relaxed(&c->nmapped) + n <= c->cap ? 0 : MAGPOOL_ENOMEM;
 }
 
@@ -269,8 +179,9 @@ static extent extent_of(const magpool_t *pool, const char *p, unsigned order, si
 /* A run-space chunk belongs to one run at a time, handed over under the
  * runs' lock (give_run counts down before mp_runs_free, take_run up after
  * mp_runs_alloc; a failed take's are counted down by mp_runs_putback):
- * stores, not RMWs (docs/design.md, chunked pools).  Down: RELEASE (the
- * block's last use happens before an unmap that reads 0). */
+ * stores, not RMWs (docs/design.md, chunked pools), and the runs count
+ * them in rbusy under their lock, not here.  Down: RELEASE (the block's
+ * last use happens before an unmap that reads 0). */
 static inline bool owned(const mp_chunks *c, const extent *e) { return e->first >= c->run0; }
 
 static void busy_sub(magpool_t *pool, const extent *e) {
@@ -280,7 +191,6 @@ static void busy_sub(magpool_t *pool, const extent *e) {
     if (own) mp_store_release(&c->busy[i], 0);
     else if (mp_fetch_sub_seq_cst(&c->busy[i], (uint32_t)e->units) == e->units)
       mp_fetch_sub_relaxed(&c->nbusy, 1);
-  if (own) mp_fetch_sub_relaxed(&c->nbusy, e->n);
 }
 
 /* Unmaps empty chunks above release_threshold (not below keep); skips if the lock is busy. */
@@ -288,10 +198,10 @@ static void release_excess(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
   pthread_mutex_t *lk = lock_of(c);
   if (pthread_mutex_trylock(lk) != 0) return;
-  uint64_t nm = mp_load_relaxed(&c->nmapped), nb = mp_load_relaxed(&c->nbusy);
+  uint64_t nm = mp_load_relaxed(&c->nmapped), nb = mp_chunks_nbusy(c);
   if (nm > c->keep && nm > nb && nm - nb > c->release) {
     uint64_t want = nm - nb - c->release;
-    unmap_highest(pool, want < nm - c->keep ? want : nm - c->keep, 0, c->keep);
+    mp_chunks_unmap_highest(pool, want < nm - c->keep ? want : nm - c->keep, 0, c->keep);
   }
   pthread_mutex_unlock(lk);
 }
@@ -300,7 +210,7 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   mp_chunks *c = pool->chunks;
   extent e = extent_of(pool, p, order, need);
   if (mp_block_bytes(pool, order) >= c->chunk) mp_store_relaxed(&c->ext[e.first], (uint32_t)e.n);
-  /* own (fenced, busy already): relaxed stores and a seq_cst fence stand for the RMWs above */
+  /* own (fenced, busy already): relaxed stores and mp_asym_light stand for the RMWs above */
   bool own = owned(c, &e);
   const uint64_t end = e.first + e.n; /* &e escapes: read once */
   const uint32_t u = (uint32_t)e.units;
@@ -312,9 +222,10 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
       fresh += mp_load_relaxed(&c->busy[i]) == 0;
       mp_store_relaxed(&c->busy[i], u);
     }
-  if (own) mp_fence_seq_cst();
-  if (fresh != 0) {
-    uint64_t nb = mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
+  if (own) mp_asym_light(); /* "Ordering" above */
+  if (fresh != 0) { /* own: mp_runs_alloc counted them (rbusy) */
+    uint64_t nb = (own ? mp_load_relaxed(&c->nbusy) : mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh) +
+                  mp_load_relaxed(&c->runs.rbusy);
     /* A new high-water mark raises the budget for good: not while stream
      * frees on their way back could keep it where it is (the caller waits
      * for them, then asks again with grow), nor for MP_TAKE_NOPEAK/NOMAP. */
@@ -370,7 +281,7 @@ void mp_chunks_release(magpool_t *pool, char *p, unsigned order) {
   extent e = extent_of(pool, p, order, mp_block_cost(pool, p, order));
   busy_sub(pool, &e);
   if (MP_UNLIKELY(c->release != UINT64_MAX) &&
-      mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release)
+      mp_load_relaxed(&c->nmapped) - mp_chunks_nbusy(c) > c->release)
     release_excess(pool);
 }
 
@@ -380,7 +291,7 @@ void mp_chunks_release_n(magpool_t *pool, char *p, unsigned order, uint32_t k) {
   e.units *= k;
   busy_sub(pool, &e);
   if (MP_UNLIKELY(c->release != UINT64_MAX) &&
-      mp_load_relaxed(&c->nmapped) - mp_load_relaxed(&c->nbusy) > c->release)
+      mp_load_relaxed(&c->nmapped) - mp_chunks_nbusy(c) > c->release)
     release_excess(pool);
 }
 
@@ -388,7 +299,7 @@ void mp_chunks_trim(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
   pthread_mutex_lock(lock_of(c));
   uint64_t nm = mp_load_relaxed(&c->nmapped);
-  if (nm > c->keep) unmap_highest(pool, nm - c->keep, 0, c->keep);
+  if (nm > c->keep) mp_chunks_unmap_highest(pool, nm - c->keep, 0, c->keep);
   pthread_mutex_unlock(lock_of(c));
 }
 

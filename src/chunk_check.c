@@ -3,13 +3,13 @@
  * quiescent pool (relaxed reads, no lock); and the empty mapped chunks
  * the tree's placement asks for (under the map's lock).  Layer 2, beside
  * chunk.c. */
-#include "internal.h"
+#include "runs.h"
 
 #include <pthread.h>
 
 int mp_chunks_check(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
-  uint64_t mapped = 0, busy = 0, bits = 0;
+  uint64_t mapped = 0, busy = 0, rbusy = 0, bits = 0;
   for (uint64_t i = 0; i < c->n; i++) {
     uint8_t st = mp_load_relaxed(&c->state[i]);
     uint32_t b = mp_load_relaxed(&c->busy[i]);
@@ -29,11 +29,13 @@ int mp_chunks_check(magpool_t *pool) {
     }
     mapped += st == MP_CHUNK_MAPPED;
     bits += bit;
-    busy += b != 0;
+    busy += b != 0 && i < c->run0;
+    rbusy += b != 0 && i >= c->run0;
   }
   if (mapped != mp_load_relaxed(&c->nmapped) || mapped != bits || mapped > c->cap)
     return MAGPOOL_EINVAL;                                                /* C2 */
-  if (busy != mp_load_relaxed(&c->nbusy) || busy > mp_load_relaxed(&c->hwm))
+  if (busy != mp_load_relaxed(&c->nbusy) || rbusy != mp_load_relaxed(&c->runs.rbusy) ||
+      busy + rbusy > mp_load_relaxed(&c->hwm))
     return MAGPOOL_EINVAL;                                                /* C3 */
   if (mp_load_relaxed(&pool->reserved) != mapped * c->chunk) return MAGPOOL_EINVAL;   /* C5 */
   return 0;

@@ -43,6 +43,18 @@ void mp_revoke_init(void);
  * never replaced by a one-sided fence once owners rely on it). */
 void mp_revoke_barrier(void);
 
+/* The frequent side's StoreLoad barrier of an asymmetric Dekker whose
+ * rare side calls mp_revoke_barrier between its store and its load (the
+ * owner's enter below; a take of run-space chunks against an unmap,
+ * chunk.c).  With membarrier the rare side supplies the hardware barrier
+ * and the compiler must only keep the order; without it, or under TSan
+ * (where mp_revoke_barrier does nothing and the rare side's store and
+ * load are seq_cst), a full fence here. */
+MP_INLINE void mp_asym_light(void) {
+  if (!MP_TSAN && MP_LIKELY(mp_asym_ok)) mp_signal_fence_seq_cst();
+  else mp_fence_seq_cst();
+}
+
 /* Owner: enter, or back off (false: a thief holds or wants the data).
  * ACQUIRE on revoke, pairing with the thief's RELEASE of revoke = 0: what
  * it did to the data is visible. */
@@ -54,11 +66,7 @@ MP_INLINE bool mp_revoke_enter_owner(mp_revoke *r) {
     return false;
   }
   mp_store_relaxed(&r->active, 1);
-  /* StoreLoad between the store of active and the load of revoke.  With
-   * membarrier the thief supplies the hardware barrier and the compiler
-   * must only keep the order; without it, the owner fences itself. */
-  if (MP_LIKELY(mp_asym_ok)) mp_signal_fence_seq_cst();
-  else mp_fence_seq_cst();
+  mp_asym_light(); /* StoreLoad between the store of active and the load of revoke */
   if (MP_LIKELY(mp_load_acquire(&r->revoke) == 0)) return true;
   mp_store_release(&r->active, 0);
   return false;

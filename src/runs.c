@@ -151,13 +151,6 @@ static void bits_clear(uint64_t *w, const uint64_t *other, uint32_t a, uint32_t 
   }
 }
 
-/* Chunks [a, b) out of fbits: fbit_put(k, false) for each one in it. */
-static void fbits_clear(mp_runs *r, uint32_t a, uint32_t b) {
-  uint64_t down = 0, dret = 0;
-  bits_clear(r->fbits, r->rbits, a, b, &down, &dret);
-  count_add(&r->nfenced, -down);
-  count_add(&r->nretired, -dret);
-}
 /* Chunk k's batch retired (on) or the chunk out of any batch (off). */
 static inline void rbit_put(mp_runs *r, uint32_t k, bool on) {
   if (rbit(r, k) == on) return;
@@ -275,8 +268,16 @@ take:;
   list_remove(r, s);
   if (b.at > s) list_push(r, s, b.at - s);
   if (b.at + m < s + len) list_push(r, b.at + m, s + len - (b.at + m));
-  /* The owner's fenced chunks leave fbits, keeping busy count and tag. */
-  if (mp_load_relaxed(&r->nfenced) != 0) fbits_clear(r, b.at, b.at + m);
+  /* The owner's fenced chunks leave fbits (fbit_put(k, false) each),
+   * keeping busy count and tag; the others become busy (rbusy now, the
+   * busy counts in mp_chunks_acquire, after the lock). */
+  uint64_t own = 0, dret = 0;
+  if (mp_load_relaxed(&r->nfenced) != 0) {
+    bits_clear(r->fbits, r->rbits, b.at, b.at + m, &own, &dret);
+    count_add(&r->nfenced, -own);
+    count_add(&r->nretired, -dret);
+  }
+  count_add(&r->rbusy, m - own);
   runs_unlock(r);
   return (int64_t)b.at;
 }
@@ -285,15 +286,13 @@ take:;
 static void insert(mp_runs *r, uint32_t s, uint32_t m) {
   uint32_t start = s, len = m;
   if (s > 0 && r->tail[s - 1] != 0) { /* coalesce with the run before */
-    uint32_t l = r->tail[s - 1];
-    list_remove(r, s - l);
-    start = s - l;
-    len += l;
+    start = s - r->tail[s - 1];
+    len += r->tail[s - 1];
+    list_remove(r, start);
   }
   if (s + m < r->n && r->head[s + m] != 0) { /* and the one after */
-    uint32_t l = r->head[s + m];
+    len += r->head[s + m];
     list_remove(r, s + m);
-    len += l;
   }
   list_push(r, start, len);
 }
@@ -308,6 +307,7 @@ void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
     count_add(&r->nretired, -dret);
   }
   insert(r, s, m);
+  count_add(&r->rbusy, -(uint64_t)m); /* busy 0 already (give_run) */
   runs_unlock(r);
 }
 
@@ -323,7 +323,7 @@ void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m) {
       mp_store_release(&c->busy[c->run0 + k], 0);
       down++;
     }
-  mp_fetch_sub_relaxed(&c->nbusy, down);
+  count_add(&r->rbusy, -down);
   insert(r, s, m);
   runs_unlock(r);
 }
@@ -396,7 +396,7 @@ void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t t
   }
   count_add(&r->nfenced, -down);
   count_add(&r->nretired, -dret);
-  mp_fetch_sub_relaxed(&c->nbusy, down);
+  count_add(&r->rbusy, -down);
   runs_unlock(r);
 }
 

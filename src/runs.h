@@ -42,6 +42,11 @@ typedef struct mp_adopt {
   uint64_t owner[MP_ADOPT_MAX];
 } mp_adopt;
 
+/* Busy chunks, both halves (C3): a hint (relaxed), exact when quiescent. */
+static inline uint64_t mp_chunks_nbusy(const mp_chunks *c) {
+  return mp_load_relaxed(&c->nbusy) + mp_load_relaxed(&c->runs.rbusy);
+}
+
 int mp_runs_init(magpool_t *pool, uint32_t n);
 void mp_runs_fini(magpool_t *pool);
 /* A free run of m chunks (placement: runs.c) that may use the chunks

@@ -163,7 +163,7 @@ MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
  * Invariants (mp_chunks_check, quiescent):
  *   C1  busy[c] > 0  =>  state[c] == MAPPED
  *   C2  nmapped == |{c : state[c] == MAPPED}| == popcount(mapped) <= cap
- *   C3  nbusy == |{c : busy[c] > 0}| <= hwm
+ *   C3  nbusy + runs.rbusy == |{c : busy[c] > 0}| <= hwm (rbusy: c >= run0)
  *   C4  Σ busy[c] units × min_block == the accounts' held + fenced
  *       runs (stats.c checks it: no shared counter on the hot paths)
  *   C5  pool->reserved == nmapped * chunk
@@ -172,8 +172,7 @@ MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
  *       all MAPPED, mapped by one source call and unmapped whole (one
  *       piece of memory where the source has map_group)
  * The one race that matters, a take that finds a chunk MAPPED against an
- * unmap that finds it empty, is a store-buffer pattern made safe by
- * seq_cst on both sides (chunk.c). */
+ * unmap that finds it empty, is a store-buffer pattern (chunk.c). */
 enum { MP_CHUNK_UNMAPPED = 0, MP_CHUNK_MAPPED = 1, MP_CHUNK_UNMAPPING = 2 };
 
 /* Runs of whole chunks for blocks of a chunk or more (runs.c): the upper
@@ -199,8 +198,9 @@ typedef struct mp_runs {
   uint64_t free_chunks;  _Atomic int lock; /* TTAS word: runs.c         */
   uint32_t *tag, next_tag;  /* fenced free runs (above)                 */
   uint64_t *owner, *fbits, *rbits, sole; /* rbits: retired; sole: fbits' one owner, 0: mixed */
-  _Atomic uint64_t nfenced, nretired, taker, takes; /* |fbits|, |fbits & rbits|;
-          the last take's owner (0: none), how many takes it made in a row */
+  _Atomic uint64_t nfenced, nretired, taker, takes, rbusy; /* |fbits|, |fbits & rbits|;
+          the last take's owner (0: none), how many takes it made in a row;
+          rbusy: the busy run-space chunks (C3) */
 } mp_runs;
 
 typedef struct mp_chunks {
@@ -222,8 +222,8 @@ typedef struct mp_chunks {
   uint32_t *gfirst, *glen;  /* under lock: a mapped chunk's group's
                                first chunk; glen at that first chunk    */
   _Atomic uint64_t nmapped; /* written under lock                       */
-  _Atomic uint64_t nbusy;
-  _Atomic uint64_t hwm;     /* high-water mark of nbusy                 */
+  _Atomic uint64_t nbusy;   /* busy chunks of the lower half (C3)     */
+  _Atomic uint64_t hwm;     /* high-water mark of the busy chunks (C3)  */
   _Atomic uint64_t maps, unmaps, moves;
   _Atomic uint64_t tree_top; /* written under lock: above every mapped
                                chunk of the lower half (region.c reads it) */

@@ -53,6 +53,7 @@ tree_query.c    2
 region.c        2
 chunk.c         2
 chunk_check.c   2
+chunk_unmap.c   2
 extent.c        2
 runs.c          2
 mag.c           2

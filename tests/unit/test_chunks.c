@@ -67,11 +67,15 @@
  *   chunks::a_row_of_empty_groups_goes_in_one_call   adjacent empty
  *        groups are unmapped with one source call; a busy group between
  *        them splits the row
+ *   races::every_row_is_marked_before_any_re_read   trim stopped at the
+ *        last of two rows it marks: the first is not unmapped yet; a take
+ *        counts the last one busy: it stays, the first goes
  *   races::a_row_keeps_a_group_taken_in_its_window   trim stopped with a
  *        row of three groups UNMAPPING, a take counts the lowest: the row
  *        unmaps the other two with one call and the take's group stays
  * The first two take a block below a chunk (busy counts by RMW), the
- * group ones a run (run space: busy by stores and one seq_cst fence).
+ * group and row ones a run (run space: busy by stores and mp_asym_light
+ * against trim's membarrier).
  *
  * Every test ends with magpool_check (tree, chunk map C1-C6, runs).
  * Internal headers: links the static archive.
@@ -942,24 +946,26 @@ Test(races, group_take_counted_before_unmap) {
   mpt_pool_done(pool);
 }
 
-/* Trim stopped at race_chunk (MP_HOOK_CHUNK_UNMAP) with chunks [g, g + n)
- * marked UNMAPPING, busy not re-read; a take of one chunk then counts
+/* Starts trim in a thread of its own and returns once it stopped at
+ * race_chunk (MP_HOOK_CHUNK_UNMAP), having marked it UNMAPPING. */
+static pthread_t trim_stopped(magpool_t *pool) {
+  race_point = MP_HOOK_CHUNK_UNMAP;
+  mp_hook_set(race_hook);
+  pthread_t tr;
+  pthread_create(&tr, NULL, trim_it, pool);
+  flag_wait(&race_stopped);
+  return tr;
+}
+
+/* Trim stopped (trim_stopped, thread tr): a take of one chunk counts
  * chunk g busy (mapped chunks first, lowest address), sees it is not
  * MAPPED, and waits for the lock the stopped unmap holds; trim goes on.
  * Returns the take's block, at chunk g. */
-static void *trim_stopped_meets_take(magpool_t *pool, uint64_t g, uint64_t n) {
-  mp_chunks *c = pool->chunks;
-  race_point = MP_HOOK_CHUNK_UNMAP;
-  mp_hook_set(race_hook);
-  pthread_t tr, th;
-  pthread_create(&tr, NULL, trim_it, pool);
-  flag_wait(&race_stopped);
-  for (uint64_t k = g; k < g + n; k++)
-    cr_assert_eq(mp_load_relaxed(&c->state[k]), MP_CHUNK_UNMAPPING, "chunk %lu",
-                 (unsigned long)(k - g));
+static void *take_meets_stopped_trim(magpool_t *pool, pthread_t tr, uint64_t g) {
   taker t = {pool, NULL, 0, CHUNK};
+  pthread_t th;
   pthread_create(&th, NULL, take_block, &t);
-  while (mp_load_seq_cst(&c->busy[g]) == 0) sched_yield();
+  while (mp_load_seq_cst(&pool->chunks->busy[g]) == 0) sched_yield();
   flag_set(&race_resume);
   pthread_join(tr, NULL);
   pthread_join(th, NULL);
@@ -967,6 +973,16 @@ static void *trim_stopped_meets_take(magpool_t *pool, uint64_t g, uint64_t n) {
   cr_assert_not_null(t.got);
   cr_assert_eq(chunk_index(pool, t.got), g);
   return t.got;
+}
+
+/* Trim stopped with chunks [g, g + n) marked UNMAPPING, busy not re-read,
+ * meets a take of chunk g (take_meets_stopped_trim). */
+static void *trim_stopped_meets_take(magpool_t *pool, uint64_t g, uint64_t n) {
+  pthread_t tr = trim_stopped(pool);
+  for (uint64_t k = g; k < g + n; k++)
+    cr_assert_eq(mp_load_relaxed(&pool->chunks->state[k]), MP_CHUNK_UNMAPPING, "chunk %lu",
+                 (unsigned long)(k - g));
+  return take_meets_stopped_trim(pool, tr, g);
 }
 
 Test(races, group_unmap_sees_a_late_take) {
@@ -1066,6 +1082,37 @@ Test(chunks, a_row_of_empty_groups_goes_in_one_call) {
   cr_assert_eq(magpool_free(pool, x), 0);
   mpt_assert_all_free(pool);
   mpt_pool_done(pool);
+}
+
+/* Trim stopped (MP_HOOK_CHUNK_UNMAP) at the last group it marks, the
+ * lowest, of two rows split by a busy group: the upper row is still
+ * UNMAPPING, and no source call was made (every row is marked before the
+ * one barrier and the re-reads: chunk_unmap.c).  A take of one chunk then
+ * counts the lower row busy and waits for the lock; trim goes on: the
+ * upper row goes with one call, the lower one is MAPPED again and the
+ * take gets mapped memory there. */
+Test(races, every_row_is_marked_before_any_re_read) {
+  void *x, *r[3];
+  magpool_t *pool = three_groups(&x, r);
+  mp_chunks *c = pool->chunks;
+  uint64_t g = chunk_index(pool, r[0]);
+  cr_assert_eq(magpool_free(pool, r[0]), 0);
+  cr_assert_eq(magpool_free(pool, r[2]), 0);
+  race_chunk = c->base + ((g + MP_CHUNK_GROUP - 1) << c->shift);
+  pthread_t tr = trim_stopped(pool);
+  cr_assert_eq(uc.calls, 0, "%d unmap calls before the lower row's re-read", uc.calls);
+  for (uint64_t k = g; k < g + 3 * MP_CHUNK_GROUP; k++)
+    cr_assert_eq(mp_load_relaxed(&c->state[k]),
+                 k < g + MP_CHUNK_GROUP || k >= g + 2 * MP_CHUNK_GROUP ? MP_CHUNK_UNMAPPING
+                                                                       : MP_CHUNK_MAPPED,
+                 "chunk %lu", (unsigned long)(k - g));
+  void *got = take_meets_stopped_trim(pool, tr, g);
+  cr_assert_eq(uc.calls, 1, "%d unmap calls for the upper row", uc.calls);
+  cr_assert_eq(uc.bytes, MP_CHUNK_GROUP * CHUNK);
+  assert_states(pool, g, (const int[3]){1, 1, 0});
+  cr_assert_eq(magpool_check(pool), 0);
+  void *done[] = {got, r[1], x};
+  mpt_free_all_done(pool, done, 3);
 }
 
 /* Trim stopped (MP_HOOK_CHUNK_UNMAP) once it has marked all three groups
