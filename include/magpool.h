@@ -149,7 +149,12 @@ typedef struct magpool_config {
                                 this.  Another thread's
                                 allocation that does not fit takes what
                                 idle threads cache (see magpool_alloc);
-                                a trim does not                            */
+                                a trim does not.  Cached blocks keep
+                                their chunks mapped: on a chunked pool
+                                with many blocks below a chunk, 4 MiB
+                                (and stream_cache_bytes 4 MiB) costs
+                                less memory for some speed
+                                (docs/benchmarks.md, 2026-12-04)          */
   size_t cache_max_block;    /* blocks larger than this bypass the caches;
                                 default 1 MiB.  A chunked pool lowers it
                                 to chunk_size, and without chunk groups
