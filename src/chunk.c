@@ -276,23 +276,24 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   return rc;
 }
 
-void mp_chunks_release(magpool_t *pool, char *p, unsigned order) {
+void mp_chunks_release_excess(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
-  extent e = extent_of(pool, p, order, mp_block_cost(pool, p, order));
-  busy_sub(pool, &e);
   if (MP_UNLIKELY(c->release != UINT64_MAX) &&
       mp_load_relaxed(&c->nmapped) - mp_chunks_nbusy(c) > c->release)
     release_excess(pool);
 }
 
+void mp_chunks_release(magpool_t *pool, char *p, unsigned order) {
+  extent e = extent_of(pool, p, order, mp_block_cost(pool, p, order));
+  busy_sub(pool, &e);
+  if (!owned(pool->chunks, &e)) mp_chunks_release_excess(pool); /* runs: rbusy not down yet */
+}
+
 void mp_chunks_release_n(magpool_t *pool, char *p, unsigned order, uint32_t k) {
-  mp_chunks *c = pool->chunks;
   extent e = extent_of(pool, p, order, 0);
   e.units *= k;
   busy_sub(pool, &e);
-  if (MP_UNLIKELY(c->release != UINT64_MAX) &&
-      mp_load_relaxed(&c->nmapped) - mp_chunks_nbusy(c) > c->release)
-    release_excess(pool);
+  mp_chunks_release_excess(pool);
 }
 
 void mp_chunks_trim(magpool_t *pool) {

@@ -255,10 +255,11 @@ void mp_chunks_fini(magpool_t *pool);
  * memory while returning stream frees could cover it and !grow, or move
  * chunks (grow MP_TAKE_NOMOVE), or raise the mark (NOPEAK); or the source's error. */
 int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int grow);
-/* Uncounts the extent of block (p, order), before it goes to the tree. */
+/* Uncounts the extent of block (p, order), before it goes to the tree; a
+ * run's caller then calls mp_chunks_release_excess, after mp_runs_free. */
 void mp_chunks_release(magpool_t *pool, char *p, unsigned order);
-/* The same for k blocks of one order below a chunk, all in p's chunk:
- * one count-down for all of them. */
+void mp_chunks_release_excess(magpool_t *pool); /* empty chunks over release_threshold */
+/* The same for k blocks of one order below a chunk, all in p's chunk. */
 void mp_chunks_release_n(magpool_t *pool, char *p, unsigned order, uint32_t k);
 /* Up to max empty mapped chunks of the tree's half, lowest first (a
  * snapshot: they may fill at once).  Takes the map lock. */

@@ -176,6 +176,7 @@ static void give_run(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
   mp_chunks_release(pool, p, order);
   uint64_t first = ((uint64_t)((char *)p - c->base) >> c->shift) - c->run0;
   mp_runs_free(pool, (uint32_t)first, (uint32_t)(cost >> c->shift));
+  mp_chunks_release_excess(pool); /* after the runs counted its chunks down */
   acct_add(pool, a, -(int64_t)cost);
 }
 

@@ -5,6 +5,9 @@
  *        it, counted in reserved_bytes, and trim unmaps down to pool_size
  *   chunks::runs_reuse_mapped_chunks    a run freed and asked for again
  *        comes back where its chunks are still mapped: nothing is mapped
+ *   chunks::a_run_given_back_over_the_release_threshold_is_unmapped
+ *        release_threshold 0 unmaps a freed run's chunks above pool_size
+ *        at its give; without a threshold they stay mapped
  *   chunks::cap_is_kept_by_moving       under max_pool_size, a request
  *        that needs new chunks moves empty ones; beyond, ENOMEM
  *   chunks::usable_size_is_whole_chunks a run's usable size and alignment
@@ -175,6 +178,37 @@ Test(chunks, runs_reuse_mapped_chunks) {
   cr_assert_eq(magpool_free(pool, b), 0);
   cr_assert_eq(magpool_check(pool), 0);
   mpt_pool_done(pool);
+}
+
+/* release_threshold 0: the give of a run unmaps its chunks above
+ * pool_size at once (once the runs have counted them down: asked
+ * before, it saw them busy and unmapped half); with the default (no
+ * threshold) they stay mapped until a trim. */
+Test(chunks, a_run_given_back_over_the_release_threshold_is_unmapped) {
+  for (int keep_all = 0; keep_all < 2; keep_all++) {
+    magpool_config_t cfg;
+    magpool_config_init(&cfg);
+    cfg.kind = MAGPOOL_MEM_HOST;
+    cfg.pool_size = 4 * MiB;
+    cfg.allow_growth = 1;
+    cfg.thread_cache_bytes = 0;
+    cfg.stream_cache_bytes = 0;
+    cfg.release_threshold = keep_all ? SIZE_MAX : 0;
+    cfg.chunk_groups = 0; /* a chunk each: a group would go whole */
+    magpool_t *pool = NULL;
+    cr_assert_eq(magpool_create(&cfg, &pool), 0);
+    cr_assert_not_null(pool->chunks);
+    void *r = magpool_alloc(pool, 8 * MiB);
+    cr_assert_not_null(r);
+    memset(r, 1, 8 * MiB);
+    cr_assert_geq(mpt_stats(pool).reserved_bytes, 8 * MiB);
+    cr_assert_eq(magpool_free(pool, r), 0);
+    size_t res = mpt_stats(pool).reserved_bytes;
+    if (keep_all) cr_assert_geq(res, 8 * MiB, "no threshold, yet %zu bytes stay mapped", res);
+    else cr_assert_eq(res, 4 * MiB, "threshold 0, yet %zu bytes stay mapped", res);
+    cr_assert_eq(magpool_check(pool), 0);
+    mpt_pool_done(pool);
+  }
 }
 
 Test(chunks, cap_is_kept_by_moving) {
