@@ -162,7 +162,12 @@ typedef struct magpool_config {
                                 max_pool_size) to chunk_size / 256 (8
                                 KiB).  On a chunked pool a block below a
                                 chunk of a size no cache holds is an
-                                extent block: it takes only the granules
+                                extent block (not on one with chunk
+                                groups whose thread_cache_bytes and
+                                stream_cache_bytes are both 0: there
+                                blocks keep their power of two, which
+                                moved far fewer chunks and took less
+                                memory): it takes only the granules
                                 (chunk_size / 512; 4 KiB by default) its
                                 request needs, in a row inside one
                                 chunk, not its power of two
