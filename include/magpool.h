@@ -163,11 +163,11 @@ typedef struct magpool_config {
                                 KiB).  On a chunked pool a block below a
                                 chunk of a size no cache holds is an
                                 extent block (not on one with chunk
-                                groups whose thread_cache_bytes and
-                                stream_cache_bytes are both 0: there
-                                blocks keep their power of two, which
-                                moved far fewer chunks and took less
-                                memory): it takes only the granules
+                                groups and thread_cache_bytes 0: with
+                                no cache of its own there, blocks keep
+                                their power of two, which moved far
+                                fewer chunks and took less memory): it
+                                takes only the granules
                                 (chunk_size / 512; 4 KiB by default) its
                                 request needs, in a row inside one
                                 chunk, not its power of two

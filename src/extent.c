@@ -65,13 +65,13 @@ void mp_extents_setup(magpool_t *pool) {
   if (cord < 3) return;
   c->gord = cord >= MP_EXTENT_SPAN + 2 ? cord - MP_EXTENT_SPAN : 2;
   unsigned lo = pool->nclasses > pool->s_nclasses ? pool->nclasses : pool->s_nclasses;
-  /* No cache at all on a pool with chunk groups: none.  Each extent block
-   * would go to the tree at every take and give, with no extent cache
-   * (xcache.c needs the thread caches), and the two halves traded the
-   * budget's last chunks: gpt2_generate moved 26,000 chunks a warm pass,
-   * where buddy blocks move 70 and take less memory (docs/benchmarks.md,
-   * 2026-12-04). */
-  if (lo == 0 && pool->cfg.chunk_groups) return;
+  /* No thread cache on a pool with chunk groups: none.  With no extent
+   * cache (xcache.c needs the thread caches) each extent block went to
+   * the tree at every take and give, and the two halves traded the
+   * budget's last chunks: gpt2_generate moved 22,000-26,000 chunks a
+   * warm pass, where buddy blocks move 70 and take less memory
+   * (docs/benchmarks.md, 2026-12-04). */
+  if (pool->nclasses == 0 && pool->cfg.chunk_groups) return;
   if (lo < c->gord + 1) lo = c->gord + 1;
   if (lo < cord) c->xlo = lo;
 }

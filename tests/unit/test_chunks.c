@@ -47,7 +47,7 @@
  *        576 KiB blocks share a chunk, 576 KiB usable each, and fifteen
  *        of 136 KiB; uncapped, 576 KiB is 1 MiB
  *   extents::no_cache_and_chunk_groups_means_no_extent_blocks   with
- *        both caches 0, an uncapped pool's 576 KiB block is 1 MiB, a
+ *        no thread cache, an uncapped pool's 576 KiB block is 1 MiB, a
  *        capped one's 576 KiB
  *   extents::a_take_tries_the_granules_just_given_back_first   the
  *        last extent block given back serves a request within an eighth
@@ -810,22 +810,26 @@ Test(extents, a_block_takes_only_the_granules_it_needs) {
   mpt_pool_done(pool);
 }
 
-/* With no cache at all, a pool with chunk groups (uncapped) keeps every
- * block's power of two (no extent order: each extent take and give went
- * to the tree, and the halves traded chunks, extent.c); a capped pool
- * (no groups) still takes granules. */
+/* With no thread cache (so no extent cache), a pool with chunk groups
+ * (uncapped) keeps every block's power of two, whatever its stream caches
+ * hold (no extent order: each extent take and give went to the tree, and
+ * the halves traded chunks, extent.c); a capped pool (no groups) still
+ * takes granules.  Stream caches of 0 and of 64 KiB (classes below the
+ * block). */
 Test(extents, no_cache_and_chunk_groups_means_no_extent_blocks) {
-  for (int capped = 0; capped < 2; capped++) {
+  for (int k = 0; k < 4; k++) {
+    int capped = k & 1;
     magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1,
                                           .max = capped ? 64 * MiB : 0,
-                                          .thread_cache = MPT_ZERO, .stream_cache = MPT_ZERO});
+                                          .thread_cache = MPT_ZERO,
+                                          .stream_cache = k < 2 ? MPT_ZERO : 64 * KiB});
     cr_assert_not_null(pool->chunks);
     cr_assert_eq(pool->cfg.chunk_groups, !capped);
     void *y = magpool_alloc(pool, 576 * KiB);
     cr_assert_not_null(y);
     memset(y, 0x51, 576 * KiB);
     cr_assert_eq(magpool_usable_size(pool, y), capped ? 576 * KiB : 1 * MiB,
-                 "capped %d: usable %zu", capped, magpool_usable_size(pool, y));
+                 "case %d: usable %zu", k, magpool_usable_size(pool, y));
     cr_assert_eq(magpool_check(pool), 0);
     cr_assert_eq(magpool_free(pool, y), 0);
     mpt_assert_all_free(pool);
