@@ -146,11 +146,13 @@ static int make_room(magpool_t *pool, uint64_t n, int grow) {
   /* Over the budget: moves.  Fail before unmapping anything if too few
    * chunks are empty for the run to fit under the cap. */
   uint64_t nm = mp_load_relaxed(&c->nmapped);
-  if (nm + n > c->cap && mp_chunks_count_empty(c, nm + n - c->cap) < nm + n - c->cap) return MAGPOOL_ENOMEM;
+  if (nm + n > c->cap && mp_chunks_count_empty(c, nm + n - c->cap) < nm + n - c->cap)
+    return MAGPOOL_ENOMEM;
   uint64_t over = mp_load_relaxed(&c->nmapped) + n - budget(c);
   /* A group unmapped whole may give more than `over`: never below
    * pool_size once the n chunks are mapped. */
-  mp_fetch_add_relaxed(&c->moves, mp_chunks_unmap_highest(pool, over, 1, c->keep > n ? c->keep - n : 0));
+  uint64_t floor = c->keep > n ? c->keep - n : 0;
+  mp_fetch_add_relaxed(&c->moves, mp_chunks_unmap_highest(pool, over, 1, floor));
   return mp_load_relaxed(&c->nmapped) + n <= c->cap ? 0 : MAGPOOL_ENOMEM;
 }
 
@@ -224,8 +226,8 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
     }
   if (own) mp_asym_light(); /* "Ordering" above */
   if (fresh != 0) { /* own: mp_runs_alloc counted them (rbusy) */
-    uint64_t nb = (own ? mp_load_relaxed(&c->nbusy) : mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh) +
-                  mp_load_relaxed(&c->runs.rbusy);
+    uint64_t lower = own ? mp_load_relaxed(&c->nbusy) : mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
+    uint64_t nb = lower + mp_load_relaxed(&c->runs.rbusy);
     /* A new high-water mark raises the budget for good: not while stream
      * frees on their way back could keep it where it is (the caller waits
      * for them, then asks again with grow), nor for MP_TAKE_NOPEAK/NOMAP. */

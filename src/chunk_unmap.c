@@ -51,7 +51,7 @@ static uint64_t unmap_span(magpool_t *pool, uint64_t a, uint64_t b, int keep) {
 #define MP_UNMAP_ROWS 16
 
 /* The nr marked rows row[j] = [start, end): every running thread's full
- * barrier (the run-space takes' StoreLoad, "Ordering" above), then
+ * barrier (the run-space takes' StoreLoad: chunk.c, "Ordering"), then
  * unmap_span each.  Lock held.  Returns the chunks unmapped. */
 static uint64_t unmap_rows(magpool_t *pool, uint64_t (*row)[2], unsigned *nr, int keep) {
   uint64_t got = 0;
@@ -69,7 +69,8 @@ static uint64_t unmap_down(magpool_t *pool, uint64_t lo, uint64_t hi, uint64_t w
   mp_chunks *c = pool->chunks;
   uint64_t got = 0;
   for (int scan = 0; scan < 2 && got < want && hi > lo; scan++) {
-    uint64_t row[MP_UNMAP_ROWS][2], pend = 0, marked = 0, before = got; /* pend: marked, not re-read */
+    uint64_t row[MP_UNMAP_ROWS][2], marked = 0, before = got;
+    uint64_t pend = 0; /* marked, not yet re-read */
     unsigned nr = 0;
     for (uint64_t wi = (hi - 1) / 64 + 1; wi-- > lo / 64 && got + pend < want;)
       for (uint64_t w = mp_load_relaxed(&c->mapped[wi]); w != 0 && got + pend < want;) {
