@@ -42,11 +42,12 @@
  * holder changes state and the mapped bitmap; takers read a MAPPED store
  * with seq_cst (ACQUIRE), after the map.  Run space (one run a chunk):
  * plain stores of busy, and for the RMW's StoreLoad order an asymmetric
- * barrier (revoke.h): the take's mp_asym_light, a compiler barrier where
- * membarrier works, against the unmap's mp_revoke_barrier between its
+ * barrier (asym.h): the take's mp_asym_light, a compiler barrier where
+ * membarrier works, against the unmap's mp_asym_heavy between its
  * marks and its re-reads (unmap_rows), which makes every running thread
  * of the process execute a full barrier: either a take's busy store is
  * seen by the re-read, or its state load comes after the marks. */
+#include "asym.h"
 #include "chunk.h"
 
 #include <pthread.h>

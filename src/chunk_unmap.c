@@ -3,6 +3,7 @@
  * running thread's barrier, and unmapped a row a source call; and the
  * reserved-bytes count.  Layer 2, beside chunk.c, which calls it.  The
  * take's side and the argument: chunk.c, "Ordering". */
+#include "asym.h"
 #include "chunk.h"
 
 void mp_chunks_reserved_add(magpool_t *pool, int64_t chunks) {
@@ -55,7 +56,7 @@ static uint64_t unmap_span(magpool_t *pool, uint64_t a, uint64_t b, int keep) {
  * unmap_span each.  Lock held.  Returns the chunks unmapped. */
 static uint64_t unmap_rows(magpool_t *pool, uint64_t (*row)[2], unsigned *nr, int keep) {
   uint64_t got = 0;
-  if (*nr != 0) mp_revoke_barrier();
+  if (*nr != 0) mp_asym_heavy();
   for (unsigned j = 0; j < *nr; j++) got += unmap_span(pool, row[j][0], row[j][1], keep);
   *nr = 0;
   return got;

@@ -173,7 +173,7 @@ int magpool_create(const magpool_config_t *cfg, magpool_t **out) {
   if (pool->chunks != NULL) mp_extents_setup(pool);
   rc = mp_mags_init(pool);
   if (rc != 0) goto fail_region;
-  mp_revoke_init();
+  mp_asym_init();
   rc = mp_stream_table_init(pool);
   if (rc != 0) goto fail_mags;
   pool->cfg.trace_path = NULL; /* the caller's string; the recorder copies it */

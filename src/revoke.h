@@ -1,59 +1,31 @@
 /* revoke.h - the revoke handshake: an owner touches its data with plain
  * loads and stores, and a thief can still take the data over safely.
  * Used by the stream slots (stream_cache.c) and the thread records'
- * magazines (thread.c).  Layer 0 (revoke.c has the thief's barrier).
+ * magazines (thread.c).  Layer 0 (revoke.c has the thief's wait).
  *
- * An asymmetric Dekker, as liburcu's membarrier flavour uses.  Owner:
- * store active = 1, then load revoke; touch the data only if revoke is 0,
- * and store active = 0 (RELEASE) after.  Thief: store revoke = 1, run
- * membarrier(PRIVATE_EXPEDITED) - which makes every running thread of the
- * process execute a full barrier - then wait for active == 0 (ACQUIRE),
- * take the data, and store revoke = 0 (RELEASE).  Either the owner's store
- * of active reached the thief (it waits), or the owner's load of revoke
- * came after the barrier and sees 1 (it backs off): they never both touch
- * the data.  The owner pays two plain stores and a plain load; the thief
- * one system call.  Where membarrier is unavailable the owner issues a
- * full fence itself.  Under ThreadSanitizer, which models neither
- * membarrier nor fences, both sides use seq_cst operations on the two
- * flags: the same argument in the one total order, in a form TSan checks
- * (the production form is checked by the deterministic tests that stop
- * an owner between its store and its load, tests/unit/test_revoke.c).
+ * An asymmetric Dekker (asym.h).  Owner: store active = 1, mp_asym_light,
+ * load revoke; touch the data only if revoke is 0, and store active = 0
+ * (RELEASE) after.  Thief: store revoke = 1, mp_asym_heavy, then wait for
+ * active == 0 (ACQUIRE), take the data, and store revoke = 0 (RELEASE).
+ * Either the owner's store of active reached the thief (it waits), or the
+ * owner's load of revoke came after the barrier and sees 1 (it backs
+ * off): they never both touch the data.  The owner pays two plain stores
+ * and a plain load; the thief one system call.  Under ThreadSanitizer both
+ * sides use seq_cst operations on the two flags (the production form is
+ * checked by the deterministic tests that stop an owner between its store
+ * and its load, tests/unit/test_revoke.c).
  *
  * Thieves of one object exclude each other by a lock of their own (the
  * entry lock for slots, the record's thief flag for thread records). */
 #ifndef MAGPOOL_REVOKE_H
 #define MAGPOOL_REVOKE_H
 
-#include "atomic.h"
-#include "base.h"
+#include "asym.h"
 
 typedef struct mp_revoke {
   _Atomic int active; /* owner inside its critical section               */
   _Atomic int revoke; /* a thief wants, or has, the data                 */
 } mp_revoke;
-
-/* True when membarrier(PRIVATE_EXPEDITED) is registered.  Set once by
- * mp_revoke_init, before any pool exists; read-only after. */
-extern bool mp_asym_ok;
-
-/* Once per process (pthread_once inside). */
-void mp_revoke_init(void);
-
-/* Thief: a full barrier on every running thread of the process (retried,
- * never replaced by a one-sided fence once owners rely on it). */
-void mp_revoke_barrier(void);
-
-/* The frequent side's StoreLoad barrier of an asymmetric Dekker whose
- * rare side calls mp_revoke_barrier between its store and its load (the
- * owner's enter below; a take of run-space chunks against an unmap,
- * chunk.c).  With membarrier the rare side supplies the hardware barrier
- * and the compiler must only keep the order; without it, or under TSan
- * (where mp_revoke_barrier does nothing and the rare side's store and
- * load are seq_cst), a full fence here. */
-MP_INLINE void mp_asym_light(void) {
-  if (!MP_TSAN && MP_LIKELY(mp_asym_ok)) mp_signal_fence_seq_cst();
-  else mp_fence_seq_cst();
-}
 
 /* Owner: enter, or back off (false: a thief holds or wants the data).
  * ACQUIRE on revoke, pairing with the thief's RELEASE of revoke = 0: what
@@ -76,8 +48,8 @@ MP_INLINE bool mp_revoke_enter_owner(mp_revoke *r) {
  * active == 0 touches the data. */
 MP_INLINE void mp_revoke_exit_owner(mp_revoke *r) { mp_store_release(&r->active, 0); }
 
-/* Thief, holding its own exclusion: announce.  Call mp_revoke_barrier
- * (once for any number of objects) before mp_revoke_wait. */
+/* Thief, holding its own exclusion: announce.  Call mp_asym_heavy (once
+ * for any number of objects) before mp_revoke_wait. */
 MP_INLINE void mp_revoke_begin(mp_revoke *r) { mp_store_seq_cst(&r->revoke, 1); }
 
 /* Thief: wait until the owner is out.  ACQUIRE (the seq_cst load): pairs

@@ -97,7 +97,7 @@ static mp_mag *entry_steal_locked(magpool_t *pool, mp_sentry *e, bool close) {
     any = true;
   }
   if (!any) return NULL;
-  mp_revoke_barrier();
+  mp_asym_heavy();
   mp_mag *chain = NULL;
   for (mp_sslot *sl = head; sl != NULL; sl = mp_load_acquire(&sl->next)) {
     if (mp_load_relaxed(&sl->rv.revoke) != 1) continue;

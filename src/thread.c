@@ -224,7 +224,7 @@ size_t mp_tcaches_steal(magpool_t *pool, mp_tcache *self, mp_acct *a) {
     n++;
   }
   if (n == 0) return 0;
-  mp_revoke_barrier();
+  mp_asym_heavy();
   size_t bytes = 0;
   for (mp_tcache *t = mp_load_acquire(&pool->tcaches); t != NULL; t = t->pool_next) {
     if (mp_load_relaxed(&t->thief) != token) continue;

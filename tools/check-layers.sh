@@ -36,7 +36,8 @@ set -euo pipefail
 # of lower layers.  Headers are not listed: the check is on objects.
 LAYERS='
 errors.c        0   base: error codes, last-error slots, test hooks,
-hook.c          0   the revoke handshake
+hook.c          0   the asymmetric barrier, the revoke handshake
+asym.c          0
 revoke.c        0
 config_parse.c  0   MAGPOOL_CONF parser, trace recorder
 trace.c         0
