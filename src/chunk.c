@@ -218,6 +218,7 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   const uint64_t end = e.first + e.n; /* &e escapes: read once */
   const uint32_t u = (uint32_t)e.units;
   uint64_t fresh = 0;
+  int rc = MP_EGROW;
   if (!own)
     for (uint64_t i = e.first; i < end; i++) fresh += mp_fetch_add_seq_cst(&c->busy[i], u) == 0;
   else
@@ -233,10 +234,8 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
      * frees on their way back could keep it where it is (the caller waits
      * for them, then asks again with grow), nor for MP_TAKE_NOPEAK/NOMAP. */
     if (nb > mp_load_relaxed(&c->hwm) && (grow == MP_TAKE_NOMAP ||
-        (grow == MP_TAKE_NOPEAK ? nb > c->keep : !grow && returning_covers(pool, c->chunk)))) {
-      if (!own) busy_sub(pool, &e); /* a run: mp_runs_putback */
-      return MP_EGROW;
-    }
+        (grow == MP_TAKE_NOPEAK ? nb > c->keep : !grow && returning_covers(pool, c->chunk))))
+      goto refuse;
     mp_max_relaxed_u64(&c->hwm, nb);
   }
   MP_HOOK(MP_HOOK_CHUNK_TAKE, c->base + (e.first << c->shift));
@@ -244,14 +243,11 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   while (i < end && mp_load_seq_cst(&c->state[i]) == MP_CHUNK_MAPPED) i++;
   if (MP_LIKELY(i == end)) return 0;
 
-  if (grow == MP_TAKE_NOMAP) { /* its thread's extent cache goes back first (xcache.c) */
-    if (!own) busy_sub(pool, &e); /* own: mp_runs_putback */
-    return MP_EGROW;
-  }
+  if (grow == MP_TAKE_NOMAP) goto refuse; /* its thread's extent cache goes back first (xcache.c) */
   /* Slow path: map what is not mapped, run by run. */
   pthread_mutex_t *lk = lock_of(c);
   pthread_mutex_lock(lk);
-  int rc = 0;
+  rc = 0;
   /* MP_TAKE_NOMOVE (and NOPEAK): all rows under the budget, or none mapped
    * (the caller has another way: alloc_async.c).  nmapped changes only
    * under the lock and the budget never falls (hwm only rises). */
@@ -275,7 +271,9 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   }
   if (pool->src->drop_kept != NULL) pool->src->drop_kept(pool->src_ctx); /* a move's leftovers */
   pthread_mutex_unlock(lk);
-  if (rc != 0 && !own) busy_sub(pool, &e); /* the caller gives the block back */
+  if (rc == 0) return 0;
+refuse: /* the caller gives the block back; own: mp_runs_putback counts it down */
+  if (!own) busy_sub(pool, &e);
   return rc;
 }
 
