@@ -263,8 +263,8 @@ static void fence_retire(magpool_t *pool, mp_sentry *e, magpool_stream_t s, fbat
  * (runs.h), its range noted in the batch; the batch goes behind s once
  * it holds more than the park's budget of runs, unless `keep` (s keeps
  * up: the next question, a few frees on, settles the batch; passed_hint).
- * 1 fenced, 0 not a run (park it), -1 the park is closed (the caller
- * retires p). */
+ * 1 fenced, 0 no host memory to note it (park it), -1 the park is closed
+ * (the caller retires p). */
 static int fence_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, void *p,
                      unsigned order, bool keep) {
   mp_park *k = &e->park;
@@ -385,7 +385,7 @@ bool mp_park_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, 
   if ((partial(pool, order) || b > mp_park_budget(pool, order)) && pool->sops->idle != NULL &&
       (*passed = passed_hint(pool, e, s)) == 1)
     return false;
-  if (partial(pool, order)) {
+  if (mp_is_run(pool, p)) { /* not an extent block: no fence lock, no tag */
     /* Open past the budget: s not asked in a streak of "passed" (the next
      * question settles it), or s alone takes runs (design.md, "Solo"). */
     bool keep = (*passed < 0 && (mp_load_relaxed(&k->idle_back) & MP_PARK_YES) != 0) ||

@@ -149,11 +149,6 @@ static inline void acct_add(magpool_t *pool, mp_acct *a, int64_t d) {
 
 /* ------------------------------------------------------------ run blocks */
 
-static inline bool is_run(const magpool_t *pool, const void *p) {
-  const mp_chunks *c = pool->chunks;
-  return c != NULL && (size_t)((const char *)p - c->base) >= c->va_bytes / 2;
-}
-
 /* A large block as a run of chunks (runs.c); the block keeps its buddy
  * order for its header and stats, but occupies only its chunks. */
 static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow) {
@@ -182,7 +177,7 @@ static void give_run(magpool_t *pool, mp_acct *a, void *p, unsigned order) {
 
 int mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
                     uint64_t owner, bool retired, uint32_t *range) {
-  if (!is_run(pool, p)) return 0;
+  if (!mp_is_run(pool, p)) return 0;
   mp_chunks *c = pool->chunks;
   size_t cost = mp_block_cost(pool, p, order);
   range[0] = (uint32_t)(((uint64_t)((char *)p - c->base) >> c->shift) - c->run0);
@@ -317,7 +312,7 @@ void *mp_region_take(magpool_t *pool, mp_acct *a, unsigned order, int grow) {
 }
 
 static void give(magpool_t *pool, mp_acct *a, void *p, unsigned order, bool merge) {
-  if (is_run(pool, p)) { give_run(pool, a, p, order); return; }
+  if (mp_is_run(pool, p)) { give_run(pool, a, p, order); return; }
   int64_t cost = (int64_t)mp_block_cost(pool, p, order);
   if (pool->chunks != NULL) mp_chunks_release(pool, p, order);
   mp_region *r = mp_region_of(pool, p);
@@ -381,7 +376,7 @@ static void chunks_release_sorted(magpool_t *pool, void **blk, uint32_t n, unsig
 void mp_blocks_give(magpool_t *pool, mp_acct *a, void **blk, uint32_t n, unsigned order) {
   if (n == 0) return;
   mp_assert(n <= MP_MAG_SLOTS);
-  if (pool->chunks != NULL && (is_run(pool, blk[0]) || mp_extent_order(pool, order))) {
+  if (pool->chunks != NULL && (mp_is_run(pool, blk[0]) || mp_extent_order(pool, order))) {
     for (uint32_t i = 0; i < n; i++) give(pool, a, blk[i], order, true); /* no buddies */
     return;
   }

@@ -42,6 +42,13 @@ typedef struct mp_adopt {
   uint64_t owner[MP_ADOPT_MAX];
 } mp_adopt;
 
+/* Is p a run, a block in the run space (the upper half of the chunked
+ * pool's addresses)? */
+static inline bool mp_is_run(const magpool_t *pool, const void *p) {
+  const mp_chunks *c = pool->chunks;
+  return c != NULL && (size_t)((const char *)p - c->base) >= c->va_bytes / 2;
+}
+
 /* Busy chunks, both halves (C3): a hint (relaxed), exact when quiescent. */
 static inline uint64_t mp_chunks_nbusy(const mp_chunks *c) {
   return mp_load_relaxed(&c->nbusy) + mp_load_relaxed(&c->runs.rbusy);

@@ -26,6 +26,8 @@
  *   races::a_fence_put_after_a_close_opens_a_new_batch   the park's open
  *        fence batch against a trim that closes it (MP_HOOK_FENCE_PUT,
  *        MP_HOOK_FENCE_CLOSE)
+ *   fence::an_extent_blocks_free_takes_no_fence_tag   an extent block
+ *        freed on a held S is parked, with no fence tag taken
  *   fence::a_piece_freed_again_is_noted_once   S takes a chunk of its
  *        fenced run back and frees it again: the open batch notes no new
  *        range and counts its bytes once; S passing unfences both
@@ -49,6 +51,7 @@
  * Internal headers: links the static archive.
  */
 #define _GNU_SOURCE
+#include "extent.h"
 #include "park.h"
 #include "runs.h"
 
@@ -598,6 +601,36 @@ Test(fence, a_piece_freed_again_is_noted_once, .timeout = 60) {
   magpool_stats_t st = mpt_stats(pool);
   cr_assert(st.pending_bytes == 0 && st.cached_bytes == 0);
   finish(pool, 64 * MiB, &S, 1);
+}
+
+/* An extent block (below a chunk, in whole granules) freed on a held S is
+ * parked for S, as any block that is not a run is: it never enters the
+ * fence batch, so its free takes no fence tag (no lock of the runs, none
+ * of the fence batch), and the run freed after it opens the batch with
+ * the pool's first tag. */
+Test(fence, an_extent_blocks_free_takes_no_fence_tag, .timeout = 60) {
+  const size_t PS = 64 * MiB, X = 576 * KiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .cache_max = 256 * KiB});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_hold(&g, S);
+  void *x = magpool_alloc_async(pool, X, S), *r = magpool_alloc_async(pool, BIG, S);
+  cr_assert(x != NULL && r != NULL);
+  unsigned order;
+  cr_assert_eq(mp_size_order(pool, X, &order), 0);
+  cr_assert(mp_extent_order(pool, order) && !mp_is_run(pool, x), "X is not an extent block here");
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  mp_park *k = park_of(pool, S);
+  cr_assert_eq(mp_runs_tag_now(pool), 0, "the extent block's free took fence tag %u",
+               mp_runs_tag_now(pool));
+  cr_assert(k->fn == 0 && (atomic_load(&k->mask) >> order & 1), "x is not parked for S");
+  cr_assert_eq(magpool_free_async(pool, r, S), 0);
+  cr_assert(k->fn == 1 && k->ftag == 1 && mp_runs_tag_now(pool) == 1, "the run is not fenced");
+  cr_assert_eq(magpool_alloc_async(pool, X, S), x, "S did not get its parked extent block back");
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  gate_release(&g, S);
+  finish(pool, PS, &S, 1);
 }
 
 /* ------------------------------------------- streams that keep up (park.c) */
