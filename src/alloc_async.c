@@ -53,6 +53,16 @@ static int stream_precheck(magpool_t *pool, magpool_stream_t s, bool *asked) {
 static void *alloc_on_stream(magpool_t *pool, mp_tcache *tc, mp_sslot *sl, unsigned order,
                              size_t size, magpool_stream_t s);
 
+/* alloc_on_stream for the take's owner: runs fenced by s (runs.h) are
+ * s's at once, so its takes may use them. */
+static void *alloc_owned(magpool_t *pool, mp_tcache *tc, mp_sslot *sl, unsigned order, size_t size,
+                         magpool_stream_t s) {
+  tc->acct.fence_owner = sl != NULL ? sl->e->key : 0;
+  void *p = alloc_on_stream(pool, tc, sl, order, size, s);
+  tc->acct.fence_owner = 0;
+  return p;
+}
+
 static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_stream_t s) {
   if (MP_UNLIKELY(pool == NULL)) return mp_fail(MAGPOOL_EINVAL);
   mp_sslot *sl = NULL;
@@ -68,11 +78,20 @@ static MP_NOINLINE void *alloc_async_full(magpool_t *pool, size_t size, magpool_
   if (MP_UNLIKELY((tc = mp_tcache_get(pool)) == NULL)) return mp_fail(MAGPOOL_ENOMEM);
   rc = memo_get(pool, tc, s, &sl);
   if (MP_UNLIKELY(rc != 0)) return mp_fail(rc);
-  /* Runs fenced by s (runs.h) are s's at once: its takes may use them. */
-  tc->acct.fence_owner = sl != NULL ? sl->e->key : 0;
-  void *p = alloc_on_stream(pool, tc, sl, order, size, s);
-  tc->acct.fence_owner = 0;
-  return p;
+  return alloc_owned(pool, tc, sl, order, size, s);
+}
+
+/* alloc_async_full after a memo hit (a request above the slot's classes,
+ * or a slot miss): the stream and the record are known good, so only the
+ * slot's close is checked again (a release since sends the call the full
+ * way, which looks s up anew). */
+static MP_NOINLINE void *alloc_async_known(magpool_t *pool, mp_tcache *tc, size_t size,
+                                           magpool_stream_t s) {
+  mp_sslot *sl = tc->s_slot;
+  unsigned order;
+  if (MP_UNLIKELY(mp_revoke_closed(&sl->rv))) return alloc_async_full(pool, size, s);
+  if (MP_UNLIKELY(mp_size_order(pool, size, &order) != 0)) return mp_fail(MAGPOOL_ENOMEM);
+  return alloc_owned(pool, tc, sl, order, size, s);
 }
 
 /* Would a block of `order` for `size` make a chunked pool's busy chunks
@@ -158,9 +177,10 @@ void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
   MP_DBG_ENTER(pool);
   void *ret;
   mp_tcache *tc = mp_tls_last;
+  bool known = memo_hit(pool, tc, s);
   /* size - 1 < max: size 0 (a min_block block) takes the full path, and
    * nothing does while the stream caches are off (tracking). */
-  if (MP_LIKELY(memo_hit(pool, tc, s) && size - 1 < tc->s_cache_max)) {
+  if (MP_LIKELY(known && size - 1 < tc->s_cache_max)) {
     unsigned order = mp_cached_order(tc, size);
     mp_sslot *sl = tc->s_slot;
     if (MP_LIKELY(mp_slot_enter_owner(sl))) {
@@ -183,7 +203,7 @@ void *magpool_alloc_async(magpool_t *pool, size_t size, magpool_stream_t s) {
       mp_slot_exit_owner(sl);
     }
   }
-  ret = alloc_async_full(pool, size, s);
+  ret = known ? alloc_async_known(pool, tc, size, s) : alloc_async_full(pool, size, s);
 out:
   MP_DBG_LEAVE(pool);
   /* Trace recording (trace.c): after the allocation succeeded. */
@@ -262,6 +282,25 @@ static MP_NOINLINE int free_async_full(magpool_t *pool, void *ptr, magpool_strea
   return free_async_slow(pool, tc, sl, s, ptr, h, order, req, not_capturing);
 }
 
+/* free_async_full after a memo hit whose block the slot did not take (a
+ * run, a block above the slot's classes, a full slot): the stream and the
+ * record are known good, so the pointer is validated and only the slot's
+ * close is checked again (a release since sends the call the full way).
+ * Asks no more than free_async_full: a known stream was not asked there. */
+static MP_NOINLINE int free_async_known(magpool_t *pool, mp_tcache *tc, void *ptr,
+                                        magpool_stream_t s, bool not_capturing) {
+  mp_sslot *sl = tc->s_slot;
+  if (ptr == NULL) return 0;
+  if (MP_UNLIKELY(mp_revoke_closed(&sl->rv))) return free_async_full(pool, ptr, s, not_capturing);
+  _Atomic uint32_t *h;
+  unsigned order;
+  size_t req;
+  int rc = mp_block_validate(pool, ptr, 0, false, false, &h, &order, &req);
+  if (MP_UNLIKELY(rc != 0)) return rc;
+  not_capturing = not_capturing || !(pool->sops->check_capture && pool->cfg.capture_check);
+  return free_async_slow(pool, tc, sl, s, ptr, h, order, req, not_capturing);
+}
+
 /* The free fast path proper: true if it freed ptr into the thread's slot.
  * No calls, so the inline caller needs no stack frame. */
 MP_INLINE bool free_async_hit(mp_tcache *tc, void *ptr) {
@@ -296,7 +335,7 @@ static MP_NOINLINE int free_async_capture(magpool_t *pool, mp_tcache *tc, void *
                                           magpool_stream_t s) {
   int cap = mp_capture_rc(pool, s);
   if (cap == 0 && free_async_hit(tc, ptr)) return 0;
-  return free_async_full(pool, ptr, s, cap == 0);
+  return free_async_known(pool, tc, ptr, s, cap == 0);
 }
 
 static inline int free_async_impl(magpool_t *pool, void *ptr, magpool_stream_t s) {
@@ -304,6 +343,7 @@ static inline int free_async_impl(magpool_t *pool, void *ptr, magpool_stream_t s
   if (MP_LIKELY(memo_hit(pool, tc, s))) {
     if (MP_UNLIKELY(tc->s_check_capture)) return free_async_capture(pool, tc, ptr, s);
     if (MP_LIKELY(free_async_hit(tc, ptr))) return 0;
+    return free_async_known(pool, tc, ptr, s, false);
   }
   return free_async_full(pool, ptr, s, false);
 }

@@ -28,6 +28,9 @@
  *        MP_HOOK_FENCE_CLOSE)
  *   fence::an_extent_blocks_free_takes_no_fence_tag   an extent block
  *        freed on a held S is parked, with no fence tag taken
+ *   fence::a_release_sends_the_memos_next_calls_the_full_way   after a
+ *        release, a free and an allocation on S whose memo still names
+ *        the closed slot look S up again (its new entry)
  *   fence::a_piece_freed_again_is_noted_once   S takes a chunk of its
  *        fenced run back and frees it again: the open batch notes no new
  *        range and counts its bytes once; S passing unfences both
@@ -54,6 +57,7 @@
 #include "extent.h"
 #include "park.h"
 #include "runs.h"
+#include "thread.h"
 
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -628,6 +632,36 @@ Test(fence, an_extent_blocks_free_takes_no_fence_tag, .timeout = 60) {
   cr_assert(k->fn == 1 && k->ftag == 1 && mp_runs_tag_now(pool) == 1, "the run is not fenced");
   cr_assert_eq(magpool_alloc_async(pool, X, S), x, "S did not get its parked extent block back");
   cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  gate_release(&g, S);
+  finish(pool, PS, &S, 1);
+}
+
+/* A release closes the slot the thread's memo names; the memo still names
+ * S, so the next async calls on S find it there (memo_hit) and must look
+ * S up again rather than go through the closed slot to the released
+ * entry: a run freed after the release is fenced in S's new entry's open
+ * batch, and an allocation after a second release leaves the memo on an
+ * open slot. */
+Test(fence, a_release_sends_the_memos_next_calls_the_full_way, .timeout = 60) {
+  const size_t PS = 64 * MiB;
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO});
+  magpool_stream_t S = stream_new();
+  gate g;
+  gate_hold(&g, S);
+  void *x = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(x);
+  cr_assert_eq(magpool_stream_release(pool, S), 0);
+  cr_assert(mp_tls_last->s_handle == S && mp_revoke_closed(&mp_tls_last->s_slot->rv),
+            "the release did not close the slot the memo names");
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  mp_park *k = park_of(pool, S);
+  cr_assert(k->fn == 1 && fenced(pool, rchunk(pool, x)), "x is not fenced in S's new entry");
+  cr_assert_eq(magpool_stream_release(pool, S), 0);
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_not_null(y);
+  cr_assert(!mp_revoke_closed(&mp_tls_last->s_slot->rv), "the allocation used the closed slot");
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
   cr_assert_eq(magpool_check(pool), 0);
   gate_release(&g, S);
   finish(pool, PS, &S, 1);
