@@ -12,8 +12,9 @@
  * off): they never both touch the data.  The owner pays two plain stores
  * and a plain load; the thief one system call.  Under ThreadSanitizer both
  * sides use seq_cst operations on the two flags (the production form is
- * checked by the deterministic tests that stop an owner between its store
- * and its load, tests/unit/test_revoke.c).
+ * checked by the deterministic tests that stop an owner inside its
+ * section and a thief in its wait, tests/unit/test_races.c:
+ * races::thief_waits_for_an_owner_inside, races::slot_flush_holds_off_release).
  *
  * Thieves of one object exclude each other by a lock of their own (the
  * entry lock for slots, the record's thief flag for thread records). */
