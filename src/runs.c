@@ -19,48 +19,13 @@
  * replay (docs/benchmarks.md).  Fenced free runs (runs.h): a take that may
  * not use a fenced chunk looks at the pieces of a run between such chunks.
  */
-#include "runs.h"
+#include "runs_bits.h"
 
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define NIL UINT32_MAX
 /* Free runs looked at per request, at most (longest lists first). */
 #define MP_RUN_SCAN 256
-
-/* The lock (mp_word_trylock): every section is a few list operations
- * or a bounded scan, and calls nothing. */
-static void runs_lock(mp_runs *r) {
-  for (unsigned spins = 0; !mp_word_trylock(&r->lock); spins++)
-    if (spins >= 64) sched_yield();
-}
-static void runs_unlock(mp_runs *r) { mp_word_unlock(&r->lock); }
-
-static inline uint32_t bin_of(uint32_t len) { return len < MP_RUN_BINS ? len : 0; }
-
-static void list_push(mp_runs *r, uint32_t s, uint32_t len) {
-  uint32_t b = bin_of(len);
-  r->head[s] = len;
-  r->tail[s + len - 1] = len;
-  r->prev[s] = NIL;
-  r->next[s] = r->bin[b];
-  if (r->bin[b] != NIL) r->prev[r->bin[b]] = s;
-  r->bin[b] = s;
-  r->full[b / 64] |= (uint64_t)1 << (b % 64);
-  r->free_chunks += len;
-}
-
-static void list_remove(mp_runs *r, uint32_t s) {
-  uint32_t len = r->head[s];
-  uint32_t b = bin_of(len);
-  if (r->prev[s] != NIL) r->next[r->prev[s]] = r->next[s];
-  else if ((r->bin[b] = r->next[s]) == NIL) r->full[b / 64] &= ~((uint64_t)1 << (b % 64));
-  if (r->next[s] != NIL) r->prev[r->next[s]] = r->prev[s];
-  r->head[s] = 0;
-  r->tail[s + len - 1] = 0;
-  r->free_chunks -= len;
-}
 
 /* The chunk map's mapped bitmap, read without its lock: a hint (a chunk
  * mapped or unmapped meanwhile makes the choice less good; chunk.c maps). */
@@ -104,58 +69,6 @@ static uint32_t next_full(const mp_runs *r, uint32_t L) {
     if (w != 0) return wi * 64 + mp_ctz64(w);
   }
   return MP_RUN_BINS;
-}
-
-static inline bool bit(const uint64_t *w, uint32_t k) { return w[k / 64] >> (k % 64) & 1; }
-static inline bool fbit(const mp_runs *r, uint32_t k) { return bit(r->fbits, k); }
-static inline bool rbit(const mp_runs *r, uint32_t k) { return bit(r->rbits, k); }
-static inline void bit_set(uint64_t *w, uint32_t k, bool on) {
-  w[k / 64] = on ? w[k / 64] | (uint64_t)1 << (k % 64) : w[k / 64] & ~((uint64_t)1 << (k % 64));
-}
-/* Adds k (wrapping: -k subtracts) to a counter only the lock holder writes. */
-static inline void count_add(_Atomic uint64_t *n, uint64_t k) {
-  mp_store_relaxed(n, mp_load_relaxed(n) + k);
-}
-static inline void count(_Atomic uint64_t *n, bool up) { count_add(n, up ? 1 : (uint64_t)-1); }
-/* `sole` for a chunk of owner o about to join fbits: a hint that lets
- * a take by the only owner of fenced chunks skip looking for others'. */
-static inline void sole_put(mp_runs *r, uint64_t o) {
-  if (mp_load_relaxed(&r->nfenced) == 0) r->sole = o;
-  else if (r->sole != o) r->sole = 0;
-}
-/* Chunk k in or out of fbits (nretired follows if its batch is retired). */
-static inline void fbit_put(mp_runs *r, uint32_t k, bool on) {
-  if (on) sole_put(r, r->owner[k]);
-  bit_set(r->fbits, k, on);
-  count(&r->nfenced, on);
-  if (rbit(r, k)) count(&r->nretired, on);
-}
-/* The bits of word wi that lie in [a, b). */
-static inline uint64_t word_mask(uint32_t a, uint32_t b, uint32_t wi) {
-  uint64_t lo = (uint64_t)wi * 64, m = ~(uint64_t)0;
-  if (a > lo) m &= ~(uint64_t)0 << (a - lo);
-  if (b < lo + 64) m &= ~(uint64_t)0 >> (lo + 64 - b);
-  return m;
-}
-
-/* Clears bits [a, b) of w, a word at a time; *n += how many were set,
- * *both += how many of those are also set in `other`. */
-static void bits_clear(uint64_t *w, const uint64_t *other, uint32_t a, uint32_t b, uint64_t *n,
-                       uint64_t *both) {
-  for (uint32_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
-    uint64_t f = w[wi] & word_mask(a, b, wi);
-    if (f == 0) continue; /* the common case: nothing fenced or retired */
-    w[wi] &= ~f;
-    *n += (uint64_t)mp_popcount64(f);
-    *both += (uint64_t)mp_popcount64(f & other[wi]);
-  }
-}
-
-/* Chunk k's batch retired (on) or the chunk out of any batch (off). */
-static inline void rbit_put(mp_runs *r, uint32_t k, bool on) {
-  if (rbit(r, k) == on) return;
-  bit_set(r->rbits, k, on);
-  if (fbit(r, k)) count(&r->nretired, on);
 }
 
 /* May a take use fenced chunk k of another owner (ad: runs.h)? */
@@ -282,21 +195,6 @@ take:;
   return (int64_t)b.at;
 }
 
-/* Under the lock: [s, s + m) joins the free runs, coalescing. */
-static void insert(mp_runs *r, uint32_t s, uint32_t m) {
-  uint32_t start = s, len = m;
-  if (s > 0 && r->tail[s - 1] != 0) { /* coalesce with the run before */
-    start = s - r->tail[s - 1];
-    len += r->tail[s - 1];
-    list_remove(r, start);
-  }
-  if (s + m < r->n && r->head[s + m] != 0) { /* and the one after */
-    len += r->head[s + m];
-    list_remove(r, s + m);
-  }
-  list_push(r, start, len);
-}
-
 void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m) {
   mp_runs *r = &pool->chunks->runs;
   runs_lock(r);
@@ -326,93 +224,6 @@ void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m) {
   count_add(&r->rbusy, -down);
   insert(r, s, m);
   runs_unlock(r);
-}
-
-uint32_t mp_runs_tag(magpool_t *pool) {
-  mp_runs *r = &pool->chunks->runs;
-  runs_lock(r);
-  uint32_t t = ++r->next_tag;
-  if (t == 0) t = ++r->next_tag;
-  runs_unlock(r);
-  return t;
-}
-uint32_t mp_runs_tag_now(magpool_t *pool) { /* the lock orders it after mp_runs_tag */
-  mp_runs *r = &pool->chunks->runs;
-  runs_lock(r);
-  uint32_t t = r->next_tag;
-  return runs_unlock(r), t;
-}
-
-/* A live run's chunks are never in fbits (mp_runs_alloc takes its window
- * out), so the range's bits are set a word at a time. */
-bool mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64_t owner,
-                   bool retired) {
-  mp_runs *r = &pool->chunks->runs;
-  bool again = true;
-  runs_lock(r);
-  for (uint32_t k = s; k < s + m; k++) {
-    again &= r->tag[k] == tag;
-    r->tag[k] = tag;
-    r->owner[k] = owner;
-  }
-  sole_put(r, owner);
-  for (uint32_t wi = s / 64; wi <= (s + m - 1) / 64; wi++) {
-    uint64_t w = word_mask(s, s + m, wi);
-    r->fbits[wi] |= w;
-    r->rbits[wi] = retired ? r->rbits[wi] | w : r->rbits[wi] & ~w;
-  }
-  count_add(&r->nfenced, m);
-  if (retired) count_add(&r->nretired, m);
-  insert(r, s, m);
-  runs_unlock(r);
-  return again;
-}
-
-void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag) {
-  mp_chunks *c = pool->chunks;
-  mp_runs *r = &c->runs;
-  uint64_t down = 0, dret = 0;
-  runs_lock(r);
-  for (uint32_t i = 0; i < n; i++) {
-    uint32_t a = fr[2 * i], b = a + fr[2 * i + 1];
-    for (uint32_t wi = a / 64; wi <= (b - 1) / 64; wi++) {
-      uint64_t hit = 0; /* still carrying the tag (else taken and given again since) */
-      for (uint32_t k = a > wi * 64 ? a : wi * 64, e = b < wi * 64 + 64 ? b : wi * 64 + 64; k < e;
-           k++)
-        if (r->tag[k] == tag) {
-          r->tag[k] = 0;
-          hit |= (uint64_t)1 << (k % 64);
-        }
-      uint64_t f = r->fbits[wi] & hit; /* the others were taken since: their takers count them */
-      r->fbits[wi] &= ~f;
-      /* RELEASE: the stream's last use happens before an unmap that
-       * reads 0 (chunk.c). */
-      for (uint64_t w = f; w != 0; w &= w - 1, down++) {
-        dret += (r->rbits[wi] & w & -w) != 0;
-        mp_store_release(&c->busy[c->run0 + wi * 64 + mp_ctz64(w)], 0);
-      }
-      r->rbits[wi] &= ~hit;
-    }
-  }
-  count_add(&r->nfenced, -down);
-  count_add(&r->nretired, -dret);
-  count_add(&r->rbusy, -down);
-  runs_unlock(r);
-}
-
-void mp_runs_retire(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag) {
-  mp_runs *r = &pool->chunks->runs;
-  runs_lock(r);
-  for (uint32_t i = 0; i < n; i++)
-    for (uint32_t k = fr[2 * i]; k < fr[2 * i] + fr[2 * i + 1]; k++)
-      if (r->tag[k] == tag) rbit_put(r, k, true); /* taken ones too: a putback */
-  runs_unlock(r);
-}
-
-uint64_t mp_runs_fenced_bytes(const magpool_t *pool, bool retired) {
-  const mp_chunks *c = pool->chunks;
-  if (c == NULL) return 0;
-  return mp_load_relaxed(retired ? &c->runs.nretired : &c->runs.nfenced) << c->shift;
 }
 
 int mp_runs_init(magpool_t *pool, uint32_t n) {

@@ -57,6 +57,7 @@ chunk_check.c   2
 chunk_unmap.c   2
 extent.c        2
 runs.c          2
+runs_fence.c    2
 mag.c           2
 
 retire.c        3   retire: batches, stream callback, ready list
@@ -64,6 +65,7 @@ retire.c        3   retire: batches, stream callback, ready list
 stream_table.c  4   caches and the thread record
 stream_cache.c  4
 park.c          4
+park_take.c     4
 magazine.c      4
 xcache.c        4
 thread.c        4
