@@ -35,7 +35,10 @@
 #   t5_beam_generate at its (597,688,320 B + 2 %: a capped pool packs its
 #   tree blocks into the fullest chunks, region.c), and vit_train_varbatch
 #   at its (2,317,352,960 B + 2 %: a capped pool's blocks of 8 KiB-2 MiB
-#   are extent blocks, src/extent.c), and a generated trace of 4,000 live
+#   are extent blocks, src/extent.c), bert_varlen_train,
+#   llama_train_varlen and gpt2_serve_threads (5 streams), recorded after
+#   all of that, at theirs (8,613,003,264 B, 9,493,807,104 B and
+#   6,830,424,064 B on the H200, + 2 %), and a generated trace of 4,000 live
 #   136 KiB blocks at its (559,939,584 B + 2 %: 4 KiB granules, where the
 #   blocks' power of two would take 1.88 times their bytes).
 # threads: --threads (a thread per trace stream) on a HOST pool, sync and
@@ -201,6 +204,9 @@ cap)
     capped moe_train_varlen 6079308104 "$m"
     capped t5_beam_generate 609642086 "$m"
     capped vit_train_varbatch 2363700019 "$m"
+    capped bert_varlen_train 8785263329 "$m"
+    capped llama_train_varlen 9683683246 "$m"
+    capped gpt2_serve_threads 6967032545 "$m"
     capped "$tmp/mid136.trace" 571138375 "$m"
   done
   rm -rf "$tmp"
