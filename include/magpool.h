@@ -309,7 +309,14 @@ typedef struct magpool_config {
                                 are unchanged), and the caches keep
                                 blocks up to chunk_size / 256 only, so
                                 that larger ones below a chunk are
-                                extent blocks (cache_max_block).
+                                extent blocks (cache_max_block), and the
+                                pool maps at most one chunk beyond its
+                                busy high-water mark + 1.5 % (8 with
+                                groups).  With thread_cache_bytes and
+                                stream_cache_bytes 0 as well, an
+                                uncapped pool is "footprint first":
+                                within cudaMalloc's footprint + 2 % on
+                                every recorded trace (README).
                                 Default -1: 0 with a max_pool_size, else
                                 1.  Other values: MAGPOOL_EINVAL at
                                 create                                   */

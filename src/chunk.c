@@ -10,7 +10,7 @@
  *     out of the tree (live, cached or pending); a busy chunk is mapped;
  *   - the pool maps at most budget = max(keep, min(cap, hwm + slack))
  *     chunks, where hwm is the high-water mark of busy chunks and slack
- *     max(MP_CHUNK_SLACK_MIN, 1.5 % of hwm) (docs/design.md, "Policy");
+ *     max(c->slack0, 1.5 % of hwm) (docs/design.md, "Policy");
  *   - a take that needs an unmapped chunk creates memory while the
  *     budget allows, else moves an empty mapped chunk there (unmap with
  *     keep, then map: no create on sources that keep memory); with
@@ -55,7 +55,10 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Chunks the budget allows beyond the busy high-water mark, at least. */
+/* Chunks the budget allows beyond the busy high-water mark, at least,
+ * where growth maps chunk groups; one without them (footprint first:
+ * 16 MiB of slack is 2-3 % of a pool of 600 MiB, docs/benchmarks.md,
+ * 2026-12-04 last).  c->slack0 holds the pool's. */
 #define MP_CHUNK_SLACK_MIN 8
 /* Chunks a fixed pool_size rounds down to, at least; below, whole regions. */
 #define MP_ROUND_DOWN_MIN 64
@@ -68,7 +71,7 @@ static inline uint64_t units_per_chunk(const magpool_t *pool, const mp_chunks *c
 
 static inline uint64_t budget(const mp_chunks *c) {
   uint64_t h = mp_load_relaxed(&c->hwm);
-  uint64_t slack = h * 3 / 200 > MP_CHUNK_SLACK_MIN ? h * 3 / 200 : MP_CHUNK_SLACK_MIN;
+  uint64_t slack = h * 3 / 200 > c->slack0 ? h * 3 / 200 : c->slack0;
   uint64_t b = h + slack;
   if (b > c->cap) b = c->cap;
   return b > c->keep ? b : c->keep;
@@ -361,6 +364,7 @@ int mp_chunks_init(magpool_t *pool) {
   c->cap = cap >> c->shift;
   c->keep = keep >> c->shift;
   c->release = cfg->release_threshold == SIZE_MAX ? UINT64_MAX : cfg->release_threshold >> c->shift;
+  c->slack0 = cfg->chunk_groups ? MP_CHUNK_SLACK_MIN : 1;
   c->busy = calloc(c->n, sizeof *c->busy);
   c->ext = calloc(c->n, sizeof *c->ext);
   c->state = calloc(c->n, sizeof *c->state);

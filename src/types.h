@@ -214,7 +214,7 @@ typedef struct mp_chunks {
   uint64_t n;               /* chunks in the range                      */
   uint64_t cap;             /* most chunks mapped at once               */
   uint64_t keep;            /* chunks trim leaves mapped (pool_size)    */
-  uint64_t release;         /* empty mapped chunks kept at a give       */
+  uint64_t release, slack0; /* empty chunks kept at a give; least slack */
   _Atomic uint32_t *busy;
   _Atomic uint32_t *ext;
   _Atomic uint8_t *state;

@@ -4,6 +4,7 @@
 #   replay_test.sh smoke     REPLAY_BIN TRACE_DIR
 #   replay_test.sh footprint REPLAY_BIN TRACE_DIR
 #   replay_test.sh cap       REPLAY_BIN TRACE_DIR
+#   replay_test.sh first     REPLAY_BIN TRACE_DIR
 #   replay_test.sh threads   REPLAY_BIN TRACE_DIR
 #
 # smoke: tiny.trace (50 events, 2 streams, written by hand) on a HOST pool,
@@ -41,6 +42,12 @@
 #   6,830,424,064 B on the H200, + 2 %), and a generated trace of 4,000 live
 #   136 KiB blocks at its (559,939,584 B + 2 %: 4 KiB granules, where the
 #   blocks' power of two would take 1.88 times their bytes).
+# first: with MAGPOOL_CONF=chunk_groups=0,thread_cache_bytes=0,
+#   stream_cache_bytes=0 (footprint first, README), every recorded trace
+#   on a HOST pool, sync and async, 2 passes: every pass completes within
+#   the footprint bound above (the shared traces, gpt2_parity_magpool) or
+#   within what cudaMalloc reserved for it on the H200 + 2 % (the others:
+#   the caps of `cap`).
 # threads: --threads (a thread per trace stream) on a HOST pool, sync and
 #   async, 2 passes: with --window 0 (the trace's order, one event at a
 #   time) every pass of tiny.trace completes with peak_live = 537813, and
@@ -211,6 +218,31 @@ cap)
   done
   rm -rf "$tmp"
   ;;
+first)
+  # Footprint first (README): every recorded trace within its bound.
+  export MAGPOOL_CONF=chunk_groups=0,thread_cache_bytes=0,stream_cache_bytes=0
+  for m in sync async; do
+    for spec in gpt2_train_small:r1.10 resnet50_train:r1.05 multistream_serve:r1.03 \
+      gpt2_parity_magpool:r1.042 gpt2_generate:b827829780 t5_beam_generate:b609642086 \
+      vit_train_varbatch:b2363700019 moe_train_varlen:b6079308104 \
+      bert_varlen_train:b8785263329 llama_train_varlen:b9683683246 \
+      gpt2_serve_threads:b6967032545; do
+      name=${spec%%:*} bound=${spec#*:}
+      run "$dir/$name.trace.gz" --kind host --mode "$m" --passes 2
+      check_lines 2
+      printf '%s\n' "$out" | grep '^REPLAY ' | while read -r line; do
+        [ "$(field result "$line")" = completed ] || echo "FAIL: not completed: $line"
+        case $bound in
+        r*) awk -v r="$(field ratio "$line")" -v b="${bound#r}" 'BEGIN { exit !(r <= b) }' ||
+              echo "FAIL: ratio above ${bound#r}: $line" ;;
+        b*) [ "$(field peak_reserved "$line")" -le "${bound#b}" ] ||
+              echo "FAIL: over ${bound#b} B: $line" ;;
+        esac
+      done | grep FAIL && fail "$name, footprint first, $m"
+    done
+  done
+  unset MAGPOOL_CONF
+  ;;
 threads)
   for m in sync async; do
     run "$dir/tiny.trace" --kind host --mode "$m" --threads --window 0 --passes 2
@@ -265,7 +297,7 @@ threads)
   fi
   ;;
 *)
-  echo "usage: $0 smoke|footprint|cap|threads REPLAY_BIN TRACE_DIR" >&2
+  echo "usage: $0 smoke|footprint|cap|first|threads REPLAY_BIN TRACE_DIR" >&2
   exit 2
   ;;
 esac

@@ -64,6 +64,8 @@
  *   chunks::the_budget_maps_within_its_slack_before_moving   a take
  *        below the high-water mark that needs new chunks maps them, not
  *        moves, while the pool stays within the mark plus 1.5 % of it
+ *   chunks::without_groups_the_slack_is_a_chunk   on a pool without
+ *        chunk groups the mark plus one chunk: the same kind of take moves
  *   races::group_take_counted_before_unmap   as the first race, but the
  *        take counts one chunk of a group and trim looks at another: the
  *        whole group stays mapped
@@ -978,6 +980,47 @@ Test(chunks, the_budget_maps_within_its_slack_before_moving) {
                (unsigned long)(hwm + hwm * 3 / 200));
   cr_assert_leq(s1.reserved_bytes, (hwm + hwm * 3 / 200) * ch);
   memset(z, 0x7e, 510 * ch);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, z), 0);
+  cr_assert_eq(magpool_free(pool, y), 0);
+  mpt_pool_done(pool);
+}
+
+/* Without chunk groups (footprint first) the slack is at least one
+ * chunk, not MP_CHUNK_SLACK_MIN (chunk.c): with 64 KiB chunks and H =
+ * 100, a run X of 50 freed in front of a live run Y of 2 leaves a hole
+ * of 50 mapped chunks, and a run Z of 60 then needs 12 chunks never
+ * mapped.  The budget is H + 1 (1.5 % of 100 rounds down to 1): Z moves
+ * 12 empty ones and the pool stays at 101 chunks, where a slack of 8
+ * would have mapped 7 more. */
+Test(chunks, without_groups_the_slack_is_a_chunk) {
+  const size_t ch = 64 * KiB;
+  magpool_config_t cfg;
+  magpool_config_init(&cfg);
+  cfg.pool_size = ch, cfg.chunk_size = ch, cfg.allow_growth = 1, cfg.chunk_groups = 0;
+  cfg.thread_cache_bytes = 0, cfg.stream_cache_bytes = 0;
+  magpool_t *pool = NULL;
+  cr_assert_eq(magpool_create(&cfg, &pool), 0);
+  cr_assert_not_null(pool->chunks);
+  void *a = magpool_alloc(pool, 100 * ch);
+  cr_assert_not_null(a);
+  cr_assert_eq(magpool_free(pool, a), 0);
+  uint64_t hwm = mp_load_relaxed(&pool->chunks->hwm);
+  cr_assert_eq(hwm, 100);
+  void *x = magpool_alloc(pool, 50 * ch), *y = magpool_alloc(pool, 2 * ch);
+  cr_assert(x != NULL && y != NULL);
+  cr_assert_eq(magpool_free(pool, x), 0);
+  magpool_stats_t s0 = mpt_stats(pool);
+  cr_assert_eq(s0.reserved_bytes, 101 * ch, "100 chunks and pool_size's");
+  void *z = magpool_alloc(pool, 60 * ch);
+  cr_assert_not_null(z);
+  magpool_stats_t s1 = mpt_stats(pool);
+  cr_assert_eq(mp_load_relaxed(&pool->chunks->hwm), hwm, "not a new high-water mark");
+  cr_assert_gt(s1.chunk_maps, s0.chunk_maps, "Z was placed on mapped chunks only: the test needs new ones");
+  cr_assert_leq(s1.reserved_bytes, (hwm + 1) * ch, "%lu chunks mapped, over the budget of %lu",
+                (unsigned long)(s1.reserved_bytes / ch), (unsigned long)(hwm + 1));
+  cr_assert_geq(s1.chunk_moves - s0.chunk_moves, 12);
+  memset(z, 0x5a, 60 * ch);
   cr_assert_eq(magpool_check(pool), 0);
   cr_assert_eq(magpool_free(pool, z), 0);
   cr_assert_eq(magpool_free(pool, y), 0);
