@@ -23,8 +23,15 @@
  *   cub  cub::CachingDeviceAllocator with its defaults (replay_cub.h),
  *       made fresh for pass 1 and kept for the later passes; sync mode on
  *       the legacy default stream, async on one stream per trace stream.
- *       peak_reserved: the highest cached + live bytes cub counts, read
- *       (two loads) after every event inside the timed loop.
+ *       peak_reserved: what the driver gives out, as for cudaMalloc
+ *       (cudaMemGetInfo against the free memory before the first pass),
+ *       read after each allocation that cub served from the device (its
+ *       cached + live bytes rose: it called cudaMalloc), inside the timed
+ *       loop (1-2 us against that cudaMalloc's tens).  cub's own count
+ *       left out the driver's rounding: its blocks over its largest bin
+ *       (2 MiB) are cudaMalloc'd at their size, which the driver rounds
+ *       to 2 MiB, so it read 1.001-1.009 where cudaMalloc reads 1.010-1.059
+ *       (run 145, docs/benchmarks.md).
  *
  * With --lag, the async passes of both stream-ordered peers hold their
  * streams behind the replay with the gate kernels of replay_gate.cu, as
@@ -33,9 +40,9 @@
  * --threads (replay_threads.c): the calls from a thread per trace stream.
  * cudaMallocAsync's footprint is its pool's attribute, as without;
  * cudaMalloc's is cudaMemGetInfo read by the worker after each allocation,
- * and cub's its counters read after each allocation (the peak of what
- * they say then: a free on another thread between a call and its read
- * may hide a peak by what that free gave back to the device); cub's calls
+ * and cub's the same after each allocation that raised its counters (the
+ * peak of what they say then: a free on another thread between a call and
+ * its read may hide a peak by what that free gave back to the device); cub's calls
  * go one at a time (cub_t_alloc says why).  Both reads are inside the timed pass, where the single-threaded
  * replay keeps cudaMalloc's out of it: about 1-2 us against cudaMalloc's
  * tens.
@@ -151,7 +158,7 @@ typedef struct peer_tctx {
   cudaStream_t *st;
   replay_cub *cub;
   pthread_mutex_t cub_mu; /* cub's calls, one at a time (below) */
-  size_t free0; /* cudaMalloc: device memory free before the first pass */
+  size_t free0; /* cudaMalloc, cub: device memory free before the first pass */
   _Atomic uint64_t peak;
 } peer_tctx;
 
@@ -437,8 +444,12 @@ int replay_run_cuda_malloc(const replay_trace *t, const replay_opts *o, enum rep
 static enum replay_status cub_t_alloc(void *ctx, uint64_t size, uint32_t stream, void **out) {
   peer_tctx *c = ctx;
   pthread_mutex_lock(&c->cub_mu);
+  uint64_t held = replay_cub_held(c->cub);
   cudaError_t e = (cudaError_t)replay_cub_alloc(c->cub, out, size, (struct CUstream_st *)c->st[stream]);
-  if (e == cudaSuccess) peak_note(c, replay_cub_held(c->cub));
+  size_t f = 0, total = 0;
+  if (e == cudaSuccess && replay_cub_held(c->cub) > held && cudaMemGetInfo(&f, &total) == cudaSuccess &&
+      f < c->free0)
+    peak_note(c, c->free0 - f);
   pthread_mutex_unlock(&c->cub_mu);
   if (e != cudaSuccess) {
     *out = NULL;
@@ -477,7 +488,12 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
   peer_tctx tc = {.st = st, .cub = cub};
   pthread_mutex_init(&tc.cub_mu, NULL);
   int ret = -1;
+  size_t total = 0, f = 0;
   if (ptrs == NULL || st == NULL || (o->lag != 0 && (gt = replay_gates_new()) == NULL)) goto out;
+  /* One baseline for every pass, as cudaMalloc's (cub keeps its cache). */
+  if (check("cudaDeviceSynchronize", cudaDeviceSynchronize()) ||
+      check("cudaMemGetInfo", cudaMemGetInfo(&tc.free0, &total)))
+    goto out;
   if (o->threads) {
     replay_tops ops = {cub_t_alloc, cub_t_free, &tc};
     if ((wk = replay_threads_new(t, o, &ops)) == NULL) goto out;
@@ -486,10 +502,12 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
   for (int p = 0; p < o->passes; p++) {
     replay_result *r = &res[p];
     memset(r, 0, sizeof *r);
-    uint64_t live = 0, peak = 0, peak_res = *cached + *livec;
+    uint64_t live = 0, peak = 0, held0 = *cached + *livec, taken = 0;
+    if (cudaMemGetInfo(&f, &total) == cudaSuccess && f < tc.free0) taken = tc.free0 - f;
+    uint64_t peak_res = taken;
     size_t i, n = t->nevents;
     if (wk != NULL) { /* the workers replay it */
-      atomic_store_explicit(&tc.peak, replay_cub_held(cub), memory_order_relaxed);
+      atomic_store_explicit(&tc.peak, taken, memory_order_relaxed);
       replay_threads_pass(wk, r);
       r->peak_reserved = atomic_load_explicit(&tc.peak, memory_order_relaxed);
       if (check("cudaDeviceSynchronize", cudaDeviceSynchronize())) goto out;
@@ -529,8 +547,15 @@ int replay_run_cub(const replay_trace *t, const replay_opts *o, enum replay_mode
         live -= sz;
       }
       const uint64_t held = *cached + *livec;
-      if (held > peak_res) peak_res = held;
-      if (o->csv != NULL) replay_csv_row(o->csv, i, live, held, "cub", t->name, p + 1);
+      if (held > held0 && cudaMemGetInfo(&f, &total) == cudaSuccess) { /* from the device */
+        taken = f < tc.free0 ? tc.free0 - f : 0;
+        if (taken > peak_res) peak_res = taken;
+      }
+      held0 = held;
+      if (o->csv != NULL) { /* its own reading: a free may have given memory back */
+        if (cudaMemGetInfo(&f, &total) == cudaSuccess) taken = f < tc.free0 ? tc.free0 - f : 0;
+        replay_csv_row(o->csv, i, live, taken, "cub", t->name, p + 1);
+      }
     }
     r->ns = replay_clock_ns(o, &clk);
     if (gt != NULL) replay_gates_set(gt, UINT64_MAX);
