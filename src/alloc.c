@@ -12,6 +12,7 @@
  */
 #include "alloc.h"
 
+#include "park.h"
 #include "xcache.h"
 
 /* ------------------------------------------------------ allocation path */
@@ -32,6 +33,14 @@ static MP_NOINLINE void *alloc_slow(magpool_t *pool, mp_tcache *tc, unsigned ord
   } else if (!mp_xcache_holds(pool, tc, order) ||
              (p = mp_xcache_take(pool, tc, order, size)) == NULL) {
     p = mp_xcache_tree_take(pool, tc, order, size);
+  }
+  if (MP_UNLIKELY(tc->acct.solo_hit)) { /* a stream's solo runs in the way (runs.h) */
+    tc->acct.solo_hit = false;
+    if (p == NULL) {
+      mp_streams_end_solo(pool, tc->acct.fence_owner);
+      p = mp_xcache_tree_take(pool, tc, order, size);
+      tc->acct.solo_hit = false;
+    }
   }
   return p != NULL ? p : mp_ladder_take(pool, tc, order, size);
 }
@@ -124,7 +133,7 @@ MP_INLINE void free_validated(magpool_t *pool, mp_tcache *tc, void *p, _Atomic u
    * pointer are the caller's data race (see magpool_free). */
   mp_hdr_clear(h);
   if (MP_UNLIKELY(tc == NULL)) { /* no host memory for a record: no stats */
-    mp_acct a = {0, 0, 0, NULL};
+    mp_acct a = {0};
     mp_region_give(pool, &a, p, order);
     mp_acct_settle(pool, &a);
     return;

@@ -16,6 +16,9 @@
  * more memory while stream frees that could cover the request are still
  * on their way back (chunk.c, make_room). */
 #define MP_EGROW (-100)
+/* Internal: a take would map a chunk while a stream's solo runs are
+ * there (runs.h): the caller ends the solo and takes again. */
+#define MP_ESOLO (-101)
 /* The `grow` of a take (region.c, chunk.c): 0 waits for returning stream
  * frees before creating memory, 1 does not, MP_TAKE_NOMOVE is 1 but is
  * refused (MP_EGROW) where it would move chunks, MP_TAKE_NOPEAK is
@@ -171,6 +174,12 @@ enum {
   MP_HOOK_XCACHE_REFUSED, /* arg: the record; a take of its owner was
                             refused a map (MP_TAKE_NOMAP), the record not
                             held, its extent cache not yet given back   */
+  MP_HOOK_SOLO_PUT,      /* arg: the mp_park; a run free chose to give
+                            its run back solo, the fence lock not yet
+                            taken (park.c)                               */
+  MP_HOOK_SOLO_END,      /* arg: the mp_park; a solo's end holds the chunk
+                            map's and the fence lock, its runs not yet
+                            fenced                                       */
 };
 /* MP_HOOK_VMM_UNMAP's argument: the mapping's address, and a flag a test
  * sets to make the driver call fail. */

@@ -199,6 +199,9 @@ static void busy_sub(magpool_t *pool, const extent *e) {
       mp_fetch_sub_relaxed(&c->nbusy, 1);
 }
 
+void mp_chunks_lock(magpool_t *pool) { pthread_mutex_lock(lock_of(pool->chunks)); }
+void mp_chunks_unlock(magpool_t *pool) { pthread_mutex_unlock(lock_of(pool->chunks)); }
+
 /* Unmaps empty chunks above release_threshold (not below keep); skips if the lock is busy. */
 static void release_excess(magpool_t *pool) {
   mp_chunks *c = pool->chunks;
@@ -247,6 +250,10 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
   if (MP_LIKELY(i == end)) return 0;
 
   if (grow == MP_TAKE_NOMAP) goto refuse; /* its thread's extent cache goes back first (xcache.c) */
+  if (mp_load_relaxed(&c->runs.solo) != 0) { /* the caller ends it first (runs.h) */
+    rc = MP_ESOLO;
+    goto refuse;
+  }
   /* Slow path: map what is not mapped, run by run. */
   pthread_mutex_t *lk = lock_of(c);
   pthread_mutex_lock(lk);

@@ -32,11 +32,10 @@ typedef struct mp_trace mp_trace;
  * MAGPOOL_ENOMEM, or MAGPOOL_EINVAL if the file cannot be created.  Any
  * thread. */
 int mp_trace_open(mp_trace **out, const char *path, uint64_t uid, const char *header);
-/* Writes the trace (unless process exit did) and frees the recorder.
- * Must not overlap a record call on it (magpool_destroy's contract). */
+/* Writes the trace (unless process exit did) and frees the recorder.  Must not overlap a
+ * record call on it (magpool_destroy's contract). */
 void mp_trace_close(mp_trace *t);
-/* Records a successful allocation: call after it succeeded, before the
- * pointer is returned.  Any thread. */
+/* Records a successful allocation: after it succeeded, before the pointer is returned.  Any thread. */
 void mp_trace_alloc(mp_trace *t, const void *p, size_t size, const void *stream);
 /* A free's sequence number: take it before the free is made, and record
  * the free with mp_trace_free only if it succeeded.  Any thread. */
@@ -224,12 +223,13 @@ void *mp_region_take_need(magpool_t *pool, mp_acct *a, unsigned order, size_t ne
  * RELEASE (tree): the caller's writes to the block happen before the next
  * owner's. */
 void mp_region_give(magpool_t *pool, mp_acct *a, void *p, unsigned order);
-/* A run p freed on a stream that has not passed the free: fenced by (tag,
- * owner, retired: mp_runs_fence), chunks kept busy, its run-space range
- * in range[0..1].  0 (nothing done): not a run; 2: every chunk of it
- * carried `tag` already (the batch has noted them); else 1. */
+/* A run p freed on a stream that has not passed the free: fenced by (tag, owner, retired:
+ * mp_runs_fence), chunks kept busy, range[0..1] its run-space range.  0: not a run; 2: every
+ * chunk carried `tag` already (noted by the batch); else 1.  mp_region_give_solo: run p given
+ * back as owner's solo run (runs.h); false (nothing done): another's solo is there. */
 int mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32_t tag,
                     uint64_t owner, bool retired, uint32_t *range);
+bool mp_region_give_solo(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint64_t owner);
 /* The same without merging (lazy coalescing). */
 void mp_region_give_lazy(magpool_t *pool, mp_acct *a, void *p, unsigned order);
 /* Gives `n` (<= MP_MAG_SLOTS) blocks of one order back: sorts them by
@@ -252,8 +252,8 @@ void mp_chunks_fini(magpool_t *pool);
  * be backed; blocks under a chunk are backed whole) and maps what is not
  * mapped, moving empty chunks under the budget.  MAGPOOL_ENOMEM (nothing
  * counted, but a run's counts stay for mp_runs_putback) if the cap does not allow it, MP_EGROW if it would create
- * memory while returning stream frees could cover it and !grow, or move
- * chunks (grow MP_TAKE_NOMOVE), or raise the mark (NOPEAK); or the source's error. */
+ * memory while returning stream frees could cover it and !grow, or move chunks (grow
+ * MP_TAKE_NOMOVE), or raise the mark (NOPEAK); MP_ESOLO to map while solo (runs.h). */
 int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int grow);
 /* Uncounts the extent of block (p, order), before it goes to the tree; a
  * run's caller then calls mp_chunks_release_excess, after mp_runs_free. */

@@ -105,7 +105,7 @@ static mp_mag *depot_put(magpool_t *pool, mp_tcache *tc, mp_mag *m, unsigned ord
 }
 
 void mp_depot_drain(magpool_t *pool, mp_acct *a) {
-  mp_acct local = {0, 0, 0, NULL};
+  mp_acct local = {0};
   mp_acct *acct = a != NULL ? a : &local;
   for (unsigned k = 0; k < pool->nclasses; k++) {
     mp_mag *m;

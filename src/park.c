@@ -143,6 +143,102 @@ static void fence_retire(magpool_t *pool, mp_sentry *e, magpool_stream_t s, fbat
   fence_done(pool, f);
 }
 
+/* ------------------------------------------------------------- solo runs */
+
+/* Under the chunk map's lock and the fence lock: the solo's runs (runs.h)
+ * are fenced for s with the open batch's tag, their range noted in it.
+ * false: no host memory for the range (the solo goes on). */
+static bool solo_merge(magpool_t *pool, mp_sentry *e) {
+  mp_park *k = &e->park;
+  if (!mp_load_relaxed(&k->fsolo)) return true;
+  MP_HOOK(MP_HOOK_SOLO_END, k);
+  if (k->fn == k->fcap) {
+    uint32_t cap = k->fcap != 0 ? 2 * k->fcap : 16, *fr = realloc(k->fr, 2 * sizeof *fr * cap);
+    if (fr == NULL) return false;
+    k->fr = fr;
+    k->fcap = cap;
+  }
+  mp_chunks *c = pool->chunks;
+  uint32_t tag = k->fn != 0 ? k->ftag : mp_runs_tag(pool), *r = &k->fr[2 * k->fn];
+  if (mp_runs_solo_end(pool, e->key, tag, 1u << (c->shift - pool->min_shift), r)) {
+    k->ftag = tag;
+    k->fn++;
+    mp_store_relaxed(&k->fbytes, mp_load_relaxed(&k->fbytes) + ((int64_t)r[1] << c->shift));
+  }
+  mp_store_relaxed(&k->fsolo, false);
+  return true;
+}
+
+bool mp_park_end_solo(magpool_t *pool, mp_sentry *e) {
+  mp_chunks_lock(pool); /* no unmap under way while the chunks go busy */
+  word_lock(&e->park, &e->park.flock);
+  bool ok = solo_merge(pool, e);
+  word_unlock(&e->park.flock);
+  mp_chunks_unlock(pool);
+  return ok;
+}
+
+/* Run p freed on s while s makes every run take (mp_park_solo): given
+ * back as s's solo run (runs.h), in no batch, s not asked.  1 done; 0 not
+ * (another stream's solo is there, or no host memory for the end's
+ * range); -1 the park is closed. */
+static int solo_put(magpool_t *pool, mp_acct *a, mp_sentry *e, void *p, unsigned order) {
+  mp_park *k = &e->park;
+  int rc = -1;
+  MP_HOOK(MP_HOOK_SOLO_PUT, k);
+  word_lock(k, &k->flock);
+  if (k->fclosed) goto out;
+  rc = 0;
+  if (k->fn == k->fcap) { /* the end's range, so that it seldom needs memory */
+    uint32_t cap = k->fcap != 0 ? 2 * k->fcap : 16, *fr = realloc(k->fr, 2 * sizeof *fr * cap);
+    if (fr == NULL) goto out;
+    k->fr = fr;
+    k->fcap = cap;
+  }
+  if (!mp_region_give_solo(pool, a, p, order, e->key)) goto out;
+  mp_store_relaxed(&k->fsolo, true);
+  rc = 1;
+out:
+  word_unlock(&k->flock);
+  return rc;
+}
+
+typedef struct solo_walk { uint64_t key, self; } solo_walk;
+
+static int ask(magpool_t *pool, mp_sentry *e, magpool_stream_t s, bool settle);
+
+/* The solo's own take (self): its stream is asked too, as at a new peak,
+ * so that the runs it has passed are unfenced at once (a call on the
+ * stream is under way, so its handle is good). */
+static void end_solo_one(magpool_t *pool, mp_sentry *e, void *arg) {
+  const solo_walk *w = arg;
+  if (e->key != w->key || !mp_park_end_solo(pool, e)) return;
+  if (w->key == w->self && pool->sops->idle != NULL && mp_load_relaxed(&e->sid) != 0 &&
+      pool->sops->capturing(pool->src_ctx, e->handle) == 0)
+    (void)ask(pool, e, e->handle, true);
+}
+
+void mp_streams_end_solo(magpool_t *pool, uint64_t self) {
+  solo_walk w = {mp_runs_solo(pool), self};
+  if (w.key == 0) return;
+  mp_streams_read_lock();
+  mp_streams_each_rcu(pool, end_solo_one, &w);
+  mp_streams_read_unlock();
+}
+
+/* A release or flush (h: e's stream, valid): the solo's runs join the open
+ * batch, which goes behind h.  With no host memory for that, a closing
+ * park waits for h instead (no solo free comes after the close), and the
+ * solo's runs stay free as they are. */
+static void end_solo_closing(magpool_t *pool, mp_sentry *e, magpool_stream_t h, bool close) {
+  if (!mp_load_relaxed(&e->park.fsolo) || mp_park_end_solo(pool, e) || !close) return;
+  pool->sops->sync(pool->src_ctx, h);
+  word_lock(&e->park, &e->park.flock);
+  (void)mp_runs_solo_drop(pool, e->key);
+  mp_store_relaxed(&e->park.fsolo, false);
+  word_unlock(&e->park.flock);
+}
+
 /* Run p, freed on s, which has not passed the free (or was not asked):
  * back to the free runs at once, fenced for s with the open batch's tag
  * (runs.h), its range noted in the batch; the batch goes behind s once
@@ -267,6 +363,10 @@ bool mp_park_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, 
    * (docs/design.md, the park: "Runs on passed streams").  Else a run is
    * fenced for s (fence_put), where s's requests of any size may use its
    * chunks; a parked one would serve only its order. */
+  if (mp_is_run(pool, p) && mp_park_solo(pool, e, MP_PARK_SOLO_RUNS)) { /* runs.h */
+    int f = solo_put(pool, a, e, p, order);
+    if (f != 0) return f > 0;
+  }
   if ((partial(pool, order) || b > mp_park_budget(pool, order)) && pool->sops->idle != NULL &&
       (*passed = passed_hint(pool, e, s)) == 1)
     return false;
@@ -359,14 +459,23 @@ void mp_park_retire_all(magpool_t *pool, mp_sentry *e, magpool_stream_t h, bool 
   mp_park *k = &e->park;
   chain = mp_park_take_all(pool, e, close, chain);
   if (chain != NULL) mp_retire_chain(pool, &e->pending, e->key, h, chain, -1);
+  end_solo_closing(pool, e, h, close); /* its runs go with the batch */
   /* Even with an empty batch: fgen tells a question out (ask) of the flush. */
   word_lock(k, &k->flock);
   fbatch f = fence_detach(pool, k);
   k->fgen++;
   if (close) k->fclosed = true;
   MP_HOOK(MP_HOOK_FENCE_CLOSE, k);
+  bool again = close && mp_load_relaxed(&k->fsolo); /* a solo free came in between */
   word_unlock(&k->flock);
   fence_retire(pool, e, h, f);
+  if (again) {
+    end_solo_closing(pool, e, h, true);
+    word_lock(k, &k->flock);
+    f = fence_detach(pool, k);
+    word_unlock(&k->flock);
+    fence_retire(pool, e, h, f);
+  }
 }
 
 void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {

@@ -82,6 +82,16 @@ mp_mag *mp_park_take_mag(magpool_t *pool, mp_sentry *e, unsigned order, int64_t 
  * (passed_hint) are asked about first.  Never waits.  Nothing if s is
  * capturing.  The caller holds a use of e. */
 void mp_park_settle(magpool_t *pool, mp_sentry *e, magpool_stream_t s);
+/* Ends e's solo (runs.h): its runs are fenced for e's stream in the open
+ * fence batch, as any (no CUDA call, no wait).  false: no host memory for
+ * that (the solo goes on).  Any thread holding no lock, e alive (a use of
+ * it, or a read-side section). */
+bool mp_park_end_solo(magpool_t *pool, mp_sentry *e);
+/* The same for the stream whose solo runs refused a take
+ * (mp_acct.solo_hit): the API's slow path, before it takes again.  self:
+ * the taker's stream (its mp_acct.fence_owner), in a call on it; if the
+ * solo is its own, its stream is asked too (mp_park_settle). */
+void mp_streams_end_solo(magpool_t *pool, uint64_t self);
 /* The budget of `order`'s kind (park.c): stream-cached orders
  * stream_cache_bytes, larger ones max(stream_cache_bytes, pool_size / 8).
  * The open fence batch goes behind its stream past it (fence_put): not

@@ -4,6 +4,7 @@
  * API layer decides what to give up to satisfy a request.
  */
 #include "extent.h"
+#include "park.h"
 #include "thread.h"
 
 #include <pthread.h>
@@ -296,6 +297,7 @@ void *mp_ladder_take(magpool_t *pool, mp_tcache *tc, unsigned order, size_t size
          * high-water mark only after them (rung 1 may create). */
         mp_retire_drain(pool, &tc->acct);
       } else if (rung == 1) {
+        mp_streams_end_solo(pool, tc->acct.fence_owner); /* no entry lock needed */
         mp_tcache_enter_owner_wait(tc);
         mp_tcache_flush(pool, tc, &tc->acct);
         mp_tcache_exit_owner(tc);

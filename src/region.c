@@ -149,15 +149,25 @@ static inline void acct_add(magpool_t *pool, mp_acct *a, int64_t d) {
 
 /* ------------------------------------------------------------ run blocks */
 
+/* mp_chunks_acquire, noting a refusal for a stream's solo (runs.h) in a. */
+static int acquire(magpool_t *pool, mp_acct *a, char *p, unsigned order, size_t need, int grow) {
+  int rc = mp_chunks_acquire(pool, p, order, need, grow);
+  if (MP_UNLIKELY(rc == MP_ESOLO)) a->solo_hit = true;
+  return rc;
+}
+
 /* A large block as a run of chunks (runs.c); the block keeps its buddy
  * order for its header and stats, but occupies only its chunks. */
 static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow) {
   mp_chunks *c = pool->chunks;
   uint32_t m = (uint32_t)mp_chunks_for(c, need);
   int64_t s = mp_runs_alloc(pool, m, a->fence_owner, a->adopt);
-  if (s < 0) return NULL;
+  if (s < 0) {
+    if (s == -2) a->solo_hit = true; /* the API's slow path ends that solo (runs.h) */
+    return NULL;
+  }
   char *p = c->base + ((size_t)(c->run0 + (uint64_t)s) << c->shift);
-  if (mp_chunks_acquire(pool, p, order, need, grow) != 0) {
+  if (acquire(pool, a, p, order, need, grow) != 0) {
     mp_runs_putback(pool, (uint32_t)s, m);
     return NULL;
   }
@@ -185,6 +195,16 @@ int mp_region_fence(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint32
   bool again = mp_runs_fence(pool, range[0], range[1], tag, owner, retired);
   acct_add(pool, a, -(int64_t)cost);
   return again ? 2 : 1;
+}
+
+bool mp_region_give_solo(magpool_t *pool, mp_acct *a, void *p, unsigned order, uint64_t owner) {
+  mp_chunks *c = pool->chunks;
+  size_t cost = mp_block_cost(pool, p, order);
+  uint32_t s = (uint32_t)(((uint64_t)((char *)p - c->base) >> c->shift) - c->run0);
+  uint32_t m = (uint32_t)(cost >> c->shift);
+  if (!mp_runs_solo_give(pool, s, m, owner)) return false; /* no release_excess: unmaps wait */
+  acct_add(pool, a, -(int64_t)cost);
+  return true;
 }
 
 /* Empty mapped chunks tried before a small block opens an unmapped one. */
@@ -269,7 +289,7 @@ static void *take_extent(magpool_t *pool, mp_acct *a, unsigned order, size_t nee
   }
   mp_extent_mark(pool, (uint64_t)off, n);
   char *p = r->base + ((size_t)off << pool->min_shift);
-  if (mp_chunks_acquire(pool, p, order, (size_t)n << (g + pool->min_shift), grow) != 0) {
+  if (acquire(pool, a, p, order, (size_t)n << (g + pool->min_shift), grow) != 0) {
     mp_extent_put(pool, r, (uint64_t)off, n, true); /* nothing was counted */
     return NULL;
   }
@@ -289,7 +309,7 @@ static void *take(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int 
     int64_t off = tree_pick(pool, r, order);
     if (off >= 0) {
       char *p = r->base + ((size_t)off << pool->min_shift);
-      if (pool->chunks != NULL && mp_chunks_acquire(pool, p, order, need, grow) != 0) {
+      if (pool->chunks != NULL && acquire(pool, a, p, order, need, grow) != 0) {
         /* No memory for it under the cap: nothing was counted. */
         mp_tree_free(&r->tree, (uint64_t)off, order);
         return NULL;

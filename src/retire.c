@@ -65,7 +65,7 @@ static mp_mag *fence_runs(magpool_t *pool, mp_batch *b, uint64_t owner, mp_mag *
     if (mp_run_order(pool, m->order)) n += m->count;
   if (n == 0 || (b->fr = malloc(2 * sizeof *b->fr * n)) == NULL) return chain;
   b->tag = mp_runs_tag(pool);
-  mp_acct a = {0, 0, 0, NULL};
+  mp_acct a = {0};
   mp_mag *keep = NULL;
   for (mp_mag *m = chain, *mn; m != NULL; m = mn) {
     mn = mp_load_relaxed(&m->next);
@@ -112,7 +112,7 @@ void mp_retire_chain(magpool_t *pool, _Atomic int64_t *pending, uint64_t owner, 
   mp_batch *b = passed ? NULL : malloc(sizeof *b);
   if (b == NULL) { /* passed, or no host memory: wait for the stream, then free */
     if (!passed) pool->sops->sync(pool->src_ctx, h);
-    mp_acct a = {0, 0, 0, NULL};
+    mp_acct a = {0};
     mp_chain_give(pool, &a, chain);
     mp_acct_settle(pool, &a);
     return;
@@ -152,7 +152,7 @@ size_t mp_retire_drain(magpool_t *pool, mp_acct *a) {
   mp_retire *rt = &pool->retire;
   if (mp_load_relaxed(&rt->ready) == NULL) return 0;
   mp_batch *b = ready_take_all(rt);
-  mp_acct local = {0, 0, 0, NULL};
+  mp_acct local = {0};
   mp_acct *acct = a != NULL ? a : &local;
   size_t n = 0;
   while (b != NULL) {

@@ -74,7 +74,8 @@ static uint32_t next_full(const mp_runs *r, uint32_t L) {
 /* May a take use fenced chunk k of another owner (ad: runs.h)? */
 static bool adoptable(const mp_runs *r, uint32_t k, const mp_adopt *ad) {
   for (uint32_t j = 0; ad != NULL && j < ad->n; j++)
-    if (r->owner[k] == ad->owner[j]) return (int32_t)(r->tag[k] - ad->tag[j]) <= 0;
+    if (r->owner[k] == ad->owner[j])
+      return r->tag[k] != MP_TAG_SOLO && (int32_t)(r->tag[k] - ad->tag[j]) <= 0;
   return false;
 }
 
@@ -152,6 +153,11 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adop
   bool same = mp_load_relaxed(&r->taker) == owner; /* the run of takes by one owner */
   mp_store_relaxed(&r->takes, same ? mp_load_relaxed(&r->takes) + 1 : 1);
   if (!same) mp_store_relaxed(&r->taker, owner);
+  uint64_t so = mp_load_relaxed(&r->solo);
+  if (MP_UNLIKELY(so != 0 && so != owner)) { /* the caller ends that solo (runs.h) */
+    runs_unlock(r);
+    return -2;
+  }
   pick b = {0, 0, 0, 0, false};
   unsigned looked = 0;
   /* The scan's first pick, the usual warm one, without its calls: the
@@ -176,6 +182,10 @@ int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adop
     runs_unlock(r);
     return -1;
   }
+  if (MP_UNLIKELY(so != 0 && b.score < m)) { /* the solo's own take would map: ends it */
+    runs_unlock(r);
+    return -2;
+  }
 take:;
   uint32_t s = b.run, len = r->head[s];
   list_remove(r, s);
@@ -185,6 +195,11 @@ take:;
    * keeping busy count and tag; the others become busy (rbusy now, the
    * busy counts in mp_chunks_acquire, after the lock). */
   uint64_t own = 0, dret = 0;
+  if (so != 0) { /* the solo's own take: its free chunks are free ones (busy 0) */
+    uint64_t n = 0, x = 0;
+    bits_clear(r->sbits, r->fbits, b.at, b.at + m, &n, &x);
+    count_add(&r->nsolo, -n);
+  }
   if (mp_load_relaxed(&r->nfenced) != 0) {
     bits_clear(r->fbits, r->rbits, b.at, b.at + m, &own, &dret);
     count_add(&r->nfenced, -own);
@@ -215,9 +230,10 @@ void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m) {
   uint64_t down = 0;
   runs_lock(r);
   for (uint32_t k = s; k < s + m; k++)
-    if (r->tag[k] != 0) {
+    if (r->tag[k] != 0 && r->tag[k] != MP_TAG_SOLO) {
       fbit_put(r, k, true);
-    } else {
+    } else { /* a solo's chunk: free solo again (its solo is still on: runs.h) */
+      if (r->tag[k] == MP_TAG_SOLO) bit_set(r->sbits, k, true), count(&r->nsolo, true);
       mp_store_release(&c->busy[c->run0 + k], 0);
       down++;
     }
@@ -237,8 +253,10 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   r->owner = calloc(n, sizeof *r->owner);
   r->fbits = calloc((n + 63) / 64, sizeof *r->fbits);
   r->rbits = calloc((n + 63) / 64, sizeof *r->rbits);
+  r->sbits = calloc((n + 63) / 64, sizeof *r->sbits);
   if (r->head == NULL || r->tail == NULL || r->next == NULL || r->prev == NULL ||
-      r->tag == NULL || r->owner == NULL || r->fbits == NULL || r->rbits == NULL) {
+      r->tag == NULL || r->owner == NULL || r->fbits == NULL || r->rbits == NULL ||
+      r->sbits == NULL) {
     mp_runs_fini(pool);
     return MAGPOOL_ENOMEM;
   }
@@ -248,6 +266,9 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
   r->free_chunks = 0;
   r->next_tag = 0;
   r->sole = 0;
+  mp_store_relaxed(&r->solo, 0);
+  mp_store_relaxed(&r->nsolo, 0);
+  r->solo_lo = r->solo_hi = 0;
   mp_store_relaxed(&r->nfenced, 0);
   mp_store_relaxed(&r->nretired, 0);
   list_push(r, 0, n);
@@ -256,10 +277,10 @@ int mp_runs_init(magpool_t *pool, uint32_t n) {
 
 void mp_runs_fini(magpool_t *pool) {
   mp_runs *r = &pool->chunks->runs;
-  void *v[] = {r->head, r->tail, r->next, r->prev, r->tag, r->owner, r->fbits, r->rbits};
+  void *v[] = {r->head, r->tail, r->next, r->prev, r->tag, r->owner, r->fbits, r->rbits, r->sbits};
   for (unsigned i = 0; i < sizeof v / sizeof v[0]; i++) free(v[i]);
   r->head = r->tail = r->next = r->prev = r->tag = NULL;
-  r->owner = r->fbits = r->rbits = NULL;
+  r->owner = r->fbits = r->rbits = r->sbits = NULL;
 }
 
 /* Free runs against the blocks out: each run space chunk is in exactly
@@ -278,6 +299,16 @@ int mp_runs_check(magpool_t *pool) {
         return MAGPOOL_EINVAL;
       listed += r->head[s];
     }
+  uint64_t so = mp_load_relaxed(&r->solo), nsolo = 0;
+  for (uint32_t k = 0; k < r->n; k++) { /* solo runs (runs.h) */
+    nsolo += bit(r->sbits, k);
+    bool solo_tag = r->tag[k] == MP_TAG_SOLO;
+    if (solo_tag && (so == 0 || r->owner[k] != so || k < r->solo_lo || k >= r->solo_hi || fbit(r, k)))
+      return MAGPOOL_EINVAL;
+    if (bit(r->sbits, k) && (!solo_tag || mp_load_relaxed(&c->busy[c->run0 + k]) != 0))
+      return MAGPOOL_EINVAL;
+  }
+  if (nsolo != mp_load_relaxed(&r->nsolo)) return MAGPOOL_EINVAL;
   bool last_free = false;
   uint64_t fenced = 0, retired = 0;
   for (uint32_t i = 0; i < r->n;) {
@@ -289,8 +320,8 @@ int mp_runs_check(magpool_t *pool) {
         if (f && r->sole != 0 && r->owner[k] != r->sole) return MAGPOOL_EINVAL;
         fenced += f;
         retired += f && rbit(r, k);
-        if (f != (r->tag[k] != 0) || f != (mp_load_relaxed(&c->busy[c->run0 + k]) != 0))
-          return MAGPOOL_EINVAL;
+        bool tagged = r->tag[k] != 0 && !bit(r->sbits, k); /* a free solo chunk: sbits */
+        if (f != tagged || f != (mp_load_relaxed(&c->busy[c->run0 + k]) != 0)) return MAGPOOL_EINVAL;
       }
       free_seen += len;
       i += len;
@@ -300,7 +331,8 @@ int mp_runs_check(magpool_t *pool) {
     uint32_t m = mp_load_relaxed(&c->ext[c->run0 + i]);
     if (m == 0 || i + m > r->n) return MAGPOOL_EINVAL; /* neither free nor out */
     for (uint32_t k = i; k < i + m; k++)
-      if (mp_load_relaxed(&c->busy[c->run0 + k]) == 0 || fbit(r, k)) return MAGPOOL_EINVAL;
+      if (mp_load_relaxed(&c->busy[c->run0 + k]) == 0 || fbit(r, k) || bit(r->sbits, k))
+        return MAGPOOL_EINVAL;
     i += m;
     last_free = false;
   }

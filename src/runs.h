@@ -26,7 +26,32 @@
  * tag 0 and busy 0; nfenced == |fbits|, nretired == |fbits & rbits|;
  * `sole`, if not 0, is the owner of every chunk in fbits (set by the
  * first fence after fbits was empty, 0 once another owner fences): a take
- * by that owner looks at whole free runs, as when nothing is fenced. */
+ * by that owner looks at whole free runs, as when nothing is fenced.
+ *
+ * Solo runs.  A stream that makes every run take (a training loop's;
+ * park.c decides) gives its runs back as a synchronous free does, busy
+ * counts 0, with no fence, no batch and no question to the stream: the
+ * chunks carry MP_TAG_SOLO and owner S, and sbits marks those free.  What
+ * keeps S's work safe while S has not passed them:
+ *   - every run take by another owner is refused (-2) while `solo` is set;
+ *   - so is every take that would map a chunk (-2 here, MP_ESOLO from
+ *     mp_chunks_acquire), since mapping moves empty chunks;
+ *   - the unmaps leave run space alone while `solo` is set (chunk_unmap.c:
+ *     a free sets `solo` before its busy counts go to 0 with RELEASE, and
+ *     an unmap reads `solo` after it re-reads them seq_cst).
+ * The refused caller ends the solo (mp_streams_end_solo) and takes again.
+ * The end holds the chunk map's lock (no unmap under way), then the park's
+ * fence lock (no solo free of S), then ours: every free solo chunk is
+ * fenced for S (busy count, fbits) with the tag of S's open fence batch,
+ * every other chunk still carrying MP_TAG_SOLO (taken back since) gets
+ * that tag, and the batch notes one range that holds them all.  From
+ * there they are fenced runs as any.
+ * Free solo chunks count as cached in the statistics, as fenced ones in
+ * an open batch do: not free to others yet.
+ * Invariants (mp_runs_check, quiescent): a chunk with MP_TAG_SOLO has
+ * owner `solo` and lies in [solo_lo, solo_hi); with `solo` 0 none has;
+ * sbits: free chunks with MP_TAG_SOLO, busy 0, not in fbits; nsolo ==
+ * |sbits|. */
 #ifndef MAGPOOL_RUNS_H
 #define MAGPOOL_RUNS_H
 
@@ -56,17 +81,42 @@ static inline uint64_t mp_chunks_nbusy(const mp_chunks *c) {
 
 int mp_runs_init(magpool_t *pool, uint32_t n);
 void mp_runs_fini(magpool_t *pool);
+/* The tag of solo runs (runs.h): never a batch's. */
+#define MP_TAG_SOLO UINT32_MAX
+
 /* A free run of m chunks (placement: runs.c) that may use the chunks
- * fenced by `owner` (0: none) and those `ad` names (NULL: none), or -1. */
+ * fenced by `owner` (0: none) and those `ad` names (NULL: none), or -1;
+ * -2: refused, a solo is there (another owner's, or the owner's and the
+ * run would map chunks: runs.h). */
 int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adopt *ad);
 /* Back to the free runs: [s, s + m) of a block given back (busy 0
  * already; stale tags are cleared). */
 void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m);
 /* Back to the free runs after a failed mp_chunks_acquire of a window
- * mp_runs_alloc gave: chunks with a tag are fenced again, the others go
- * to busy 0 (and out of nbusy). */
+ * mp_runs_alloc gave: chunks with a batch's tag are fenced again, the
+ * others go to busy 0 (and out of nbusy), a solo's to sbits. */
 void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m);
-/* A fresh batch tag (never 0); the newest one given (mp_adopt). */
+/* A solo run's give (runs.h): makes `owner` the solo, tags [s, s + m),
+ * counts its chunks down (busy 0) and puts it back among the free runs,
+ * in sbits.  false (nothing done): another owner's solo is there. */
+bool mp_runs_solo_give(magpool_t *pool, uint32_t s, uint32_t m, uint64_t owner);
+/* The owner of the solo runs, 0 if none (relaxed: a hint). */
+uint64_t mp_runs_solo(magpool_t *pool);
+/* Bytes in free solo chunks (statistics: cached).  Relaxed. */
+uint64_t mp_runs_solo_bytes(const magpool_t *pool);
+/* Ends `owner`'s solo (runs.h): its free chunks fenced with `tag` (busy
+ * `units` each), the others carrying MP_TAG_SOLO retagged; range[0..1]
+ * holds them all.  false (nothing done): owner has none.  The caller
+ * holds the chunk map's lock and the park's fence lock. */
+bool mp_runs_solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t units,
+                      uint32_t *range);
+/* Drops `owner`'s solo once its stream has passed everything: the free
+ * chunks stay free, the tags go.  false: owner has none. */
+bool mp_runs_solo_drop(magpool_t *pool, uint64_t owner);
+/* The chunk map's lock (chunk.c), for a solo's end. */
+void mp_chunks_lock(magpool_t *pool);
+void mp_chunks_unlock(magpool_t *pool);
+/* A fresh batch tag (never 0 or MP_TAG_SOLO); the newest one given (mp_adopt). */
 uint32_t mp_runs_tag(magpool_t *pool);
 uint32_t mp_runs_tag_now(magpool_t *pool);
 /* Back to the free runs, fenced by (tag, owner): [s, s + m) of a run

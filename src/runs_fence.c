@@ -9,7 +9,7 @@ uint32_t mp_runs_tag(magpool_t *pool) {
   mp_runs *r = &pool->chunks->runs;
   runs_lock(r);
   uint32_t t = ++r->next_tag;
-  if (t == 0) t = ++r->next_tag;
+  while (t == 0 || t == MP_TAG_SOLO) t = ++r->next_tag;
   runs_unlock(r);
   return t;
 }
@@ -43,6 +43,93 @@ bool mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64
   insert(r, s, m);
   runs_unlock(r);
   return again;
+}
+
+/* ------------------------------------------------------------- solo runs */
+
+bool mp_runs_solo_give(magpool_t *pool, uint32_t s, uint32_t m, uint64_t owner) {
+  mp_chunks *c = pool->chunks;
+  mp_runs *r = &c->runs;
+  runs_lock(r);
+  uint64_t o = mp_load_relaxed(&r->solo);
+  if (o != 0 && o != owner) {
+    runs_unlock(r);
+    return false;
+  }
+  if (o == 0) r->solo_lo = s, r->solo_hi = s + m;
+  if (s < r->solo_lo) r->solo_lo = s;
+  if (s + m > r->solo_hi) r->solo_hi = s + m;
+  for (uint32_t k = s; k < s + m; k++) {
+    r->tag[k] = MP_TAG_SOLO;
+    r->owner[k] = owner;
+  }
+  /* Before the chunks' busy counts go to 0: an unmap that reads one of
+   * those 0s reads `solo` after it (chunk_unmap.c).  RELEASE: the run's
+   * last use happens before such an unmap, and before a take's reuse. */
+  if (o == 0) mp_store_seq_cst(&r->solo, owner);
+  for (uint32_t k = s; k < s + m; k++) mp_store_release(&c->busy[c->run0 + k], 0);
+  uint64_t gone = 0, dret = 0; /* stale retired bits of a live run (putback's) */
+  bits_clear(r->rbits, r->fbits, s, s + m, &gone, &dret);
+  count_add(&r->nretired, -dret);
+  for (uint32_t wi = s / 64; wi <= (s + m - 1) / 64; wi++) r->sbits[wi] |= word_mask(s, s + m, wi);
+  count_add(&r->nsolo, m);
+  insert(r, s, m);
+  count_add(&r->rbusy, -(uint64_t)m);
+  runs_unlock(r);
+  return true;
+}
+
+uint64_t mp_runs_solo(magpool_t *pool) {
+  return pool->chunks != NULL ? mp_load_relaxed(&pool->chunks->runs.solo) : 0;
+}
+
+uint64_t mp_runs_solo_bytes(const magpool_t *pool) {
+  const mp_chunks *c = pool->chunks;
+  return c != NULL ? mp_load_relaxed(&c->runs.nsolo) << c->shift : 0;
+}
+
+/* Under the lock: owner's solo over (tag 0: dropped, its stream passed). */
+static bool solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t units, uint32_t *range) {
+  mp_chunks *c = pool->chunks;
+  mp_runs *r = &c->runs;
+  if (mp_load_relaxed(&r->solo) != owner) return false;
+  uint64_t fresh = 0;
+  for (uint32_t k = r->solo_lo; k < r->solo_hi; k++) {
+    if (r->tag[k] != MP_TAG_SOLO) continue;
+    r->tag[k] = tag;
+    if (!bit(r->sbits, k)) continue; /* taken back since: its taker counts it */
+    bit_set(r->sbits, k, false);
+    count(&r->nsolo, false);
+    if (tag == 0) continue; /* dropped: free as it is */
+    /* Fenced as a free run's chunk: busy (no unmap is under way: the
+     * caller holds the chunk map's lock), in fbits. */
+    mp_store_relaxed(&c->busy[c->run0 + k], units);
+    bit_set(r->rbits, k, false);
+    fbit_put(r, k, true);
+    fresh++;
+  }
+  count_add(&r->rbusy, fresh);
+  if (range != NULL) range[0] = r->solo_lo, range[1] = r->solo_hi - r->solo_lo;
+  r->solo_lo = r->solo_hi = 0;
+  mp_store_relaxed(&r->solo, 0);
+  return true;
+}
+
+bool mp_runs_solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t units,
+                      uint32_t *range) {
+  mp_runs *r = &pool->chunks->runs;
+  runs_lock(r);
+  bool mine = solo_end(pool, owner, tag, units, range);
+  runs_unlock(r);
+  return mine;
+}
+
+bool mp_runs_solo_drop(magpool_t *pool, uint64_t owner) {
+  mp_runs *r = &pool->chunks->runs;
+  runs_lock(r);
+  bool mine = solo_end(pool, owner, 0, 0, NULL);
+  runs_unlock(r);
+  return mine;
 }
 
 void mp_runs_unfence(magpool_t *pool, const uint32_t *fr, uint32_t n, uint32_t tag) {

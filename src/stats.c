@@ -37,7 +37,8 @@ static int64_t depot_sum(magpool_t *pool) {
  * run, the terms are read at slightly different instants. */
 static size_t tree_free(magpool_t *pool, const sums *s) {
   uint64_t reserved = mp_load_relaxed(&pool->reserved);
-  uint64_t out = s->held + mp_runs_fenced_bytes(pool, false); /* fenced: not free */
+  /* fenced, and a solo's (runs.h): not free */
+  uint64_t out = s->held + mp_runs_fenced_bytes(pool, false) + mp_runs_solo_bytes(pool);
   return out < reserved ? (size_t)(reserved - out) : 0;
 }
 
@@ -48,7 +49,7 @@ static size_t tree_free(magpool_t *pool, const sums *s) {
 static void fenced_split(const magpool_t *pool, size_t *open, size_t *retired) {
   size_t f = mp_runs_fenced_bytes(pool, false), r = mp_runs_fenced_bytes(pool, true);
   *retired = r < f ? r : f;
-  *open = f - *retired;
+  *open = f - *retired + mp_runs_solo_bytes(pool); /* a solo's free runs too */
 }
 
 /* Largest free block: per region, the summaries of each level from the
@@ -204,7 +205,7 @@ static int check_chunked(magpool_t *pool) {
   uint64_t out = s.held + mp_runs_fenced_bytes(pool, false); /* fenced runs stay busy */
   if (out != mp_chunks_out_bytes(pool)) return MAGPOOL_EINVAL; /* C4 */
   if (live_cost != st.used_bytes) return MAGPOOL_EINVAL;
-  if (st.reserved_bytes - out != st.free_bytes) return MAGPOOL_EINVAL;
+  if (st.reserved_bytes - out - mp_runs_solo_bytes(pool) != st.free_bytes) return MAGPOOL_EINVAL;
   return 0;
 }
 

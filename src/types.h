@@ -198,6 +198,7 @@ typedef struct mp_runs {
   uint64_t free_chunks;  _Atomic int lock; /* TTAS word: runs.c         */
   uint32_t *tag, next_tag;  /* fenced free runs (above)                 */
   uint64_t *owner, *fbits, *rbits, sole; /* rbits: retired; sole: fbits' one owner, 0: mixed */
+  _Atomic uint64_t solo, nsolo; uint64_t *sbits; uint32_t solo_lo, solo_hi; /* runs.h */
   _Atomic uint64_t nfenced, nretired, taker, takes, rbusy; /* |fbits|, |fbits & rbits|;
           the last take's owner (0: none), how many takes it made in a row;
           rbusy: the busy run-space chunks (C3) */
@@ -235,17 +236,16 @@ typedef struct mp_chunks {
   void *lock;               /* pthread_mutex_t *                        */
 } mp_chunks;
 
-/* Where tree traffic is counted: bytes taken from the trees, net.  Owned
- * by one thread (a thread record's, or a caller's local one that it then
- * settles into the pool, mp_acct_settle). */
+/* Where tree traffic is counted: bytes taken from the trees, net.  Owned by one thread (a
+ * thread record's, or a caller's local one that it settles into the pool, mp_acct_settle). */
 typedef struct mp_acct {
-  _Atomic uint64_t held; /* owner writes (plain add), stats read (relaxed);
-                            wrapping: a block freed by another thread makes
-                            one owner's value "negative", the sum is exact */
+  _Atomic uint64_t held; /* owner writes (plain add), stats read (relaxed); wrapping: a
+                            block freed by another thread makes one owner's "negative" */
   int64_t tree_delta;    /* owner only: not yet added to pool->tree_out  */
   uint64_t fence_owner;  /* owner only: the stream whose fenced runs its
                             takes may use (0: none; alloc_async.c)      */
   const struct mp_adopt *adopt; /* owner only: others' too (runs.h)     */
+  bool solo_hit;         /* owner only: a run take met solo (runs.h)   */
 } mp_acct;
 
 /* A magazine: a bounded LIFO of free blocks of one class.  Owned by one
@@ -344,7 +344,7 @@ typedef struct mp_park {
   _Atomic int flock;            /* the open fence batch: lock, closed,  */
   bool fclosed;                 /* tag, (start, length) pairs, bytes,   */
   uint32_t ftag, fn, fcap, fgen, *fr; /* flushes (fbytes: also relaxed) */
-  _Atomic int64_t fbytes;
+  _Atomic int64_t fbytes; _Atomic bool fsolo; /* solo: runs.h (flock) */
   _Atomic uint32_t idle_skip;   /* run frees that answer "not known"     */
   _Atomic uint32_t idle_back;   /* without asking the stream, and the
                                    next such count (park.c, passed_hint):

@@ -3,7 +3,12 @@
  *   magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]
  *                  [--pool-mb M] [--exit-every N] [--churn]
  *                  [--destroy-rounds R] [--grow-from G] [--large-async]
- *                  [--cross-reuse] [--no-groups]
+ *                  [--cross-reuse] [--no-groups] [--solo]
+ *
+ * --solo: --large-async, but 1 in 8192 large requests is synchronous: with
+ * --streams 1 the stream makes the pool's run takes, its run frees go back
+ * solo (runs.h, "Solo runs"), and those synchronous takes end the solo
+ * while the stream's work (stamp tasks) may still be on the runs.
  *
  * --cross-reuse: the pool's cross_stream_reuse is set, so an async request
  * at a new peak (with --grow-from) may take runs other streams fenced,
@@ -270,6 +275,7 @@ static struct {
   bool large_async; /* --large-async */
   bool cross_reuse; /* --cross-reuse */
   bool no_groups;   /* --no-groups */
+  bool solo;        /* --solo */
   unsigned destroy_rounds;
 } g_opt;
 
@@ -646,6 +652,7 @@ static void op_alloc(slot *sl) {
   bool large = j >= 0 && ((r >> 40) & 31) == 0;
   if (large) req = ((size_t)1 << LARGE_MIN_LOG) + (size_t)((r >> 45) % (3u << LARGE_MIN_LOG));
   bool async = j >= 0 && ((r & 1) || (large && g_opt.large_async));
+  if (large && g_opt.solo && ((r >> 50) & 8191) == 0) async = false; /* ends the solo */
   /* 1 in 16 async allocations pass the NULL stream: "no stream" on a
    * HOST pool, the same as magpool_alloc. */
   magpool_stream_t s = NULL;
@@ -1145,7 +1152,7 @@ static void usage(FILE *f) {
           "usage: magpool-stress [--threads T] [--seconds S] [--seed N] [--streams K]\n"
           "                      [--pool-mb M] [--exit-every N] [--churn]\n"
           "                      [--destroy-rounds R] [--grow-from G] [--large-async]\n"
-          "                      [--cross-reuse] [--no-groups]\n"
+          "                      [--cross-reuse] [--no-groups] [--solo]\n"
           "defaults: T=%d S=%d N=%d K=0 M=%d N=%d (exit-every 0: no thread churn)\n"
           "--churn (needs K > 0): K more streams, handed from worker to worker,\n"
           "released, destroyed and created anew while the workers run\n"
@@ -1157,7 +1164,8 @@ static void usage(FILE *f) {
           "--cross-reuse: cross_stream_reuse on (a stream at a new peak takes\n"
           "runs other streams freed, after waiting for them)\n"
           "--no-groups (with --grow-from): chunk_groups 0, the cap's default\n"
-          "(a chunk each; tree blocks into the fullest busy chunk)\n",
+          "(a chunk each; tree blocks into the fullest busy chunk)\n"
+          "--solo: --large-async, with 1 in 8192 large requests synchronous\n",
           DEFAULT_THREADS, DEFAULT_SECONDS, DEFAULT_SEED, DEFAULT_POOL_MB,
           DEFAULT_EXIT_EVERY);
 }
@@ -1200,6 +1208,9 @@ static void parse_args(int argc, char **argv) {
       continue;
     } else if (strcmp(a, "--no-groups") == 0) {
       g_opt.no_groups = true;
+      continue;
+    } else if (strcmp(a, "--solo") == 0) {
+      g_opt.solo = g_opt.large_async = true;
       continue;
     } else if (strcmp(a, "--threads") == 0) {
       ok = parse_u64(v, 1, 1024, &x);

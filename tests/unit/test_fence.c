@@ -38,6 +38,10 @@
  *        that makes every run take, run frees ask S after 1, 2, 4, 8, 8 ...
  *        frees; the runs fenced between are unfenced by the next "yes",
  *        with no callback
+ *   fence::a_stream_alone_for_long_gives_solo   after MP_PARK_SOLO_RUNS
+ *        such takes, no free asks: each run goes back solo (free, tagged
+ *        MP_TAG_SOLO, counted cached), in no batch; S's release ends that
+ *        (test_solo.c)
  *   races::a_yes_settles_only_runs_fenced_before_it   a free stopped after
  *        S said "passed" (MP_HOOK_PARK_PASSED) while S is blocked and
  *        another free fences its run: the "yes" unfences the run fenced
@@ -696,11 +700,11 @@ static bool free_asks(magpool_t *pool, void *x, magpool_stream_t s) {
 /* S idle (every question answers "passed") and the only stream taking
  * runs, for `n` run frees.  The first MP_PARK_SOLO - 1 frees ask; from
  * the one after S's MP_PARK_SOLO-th take, frees skip the question 1, 2,
- * 4, then 8 times between two that ask (MP_PARK_YES_BACK), and once S
- * made MP_PARK_SOLO_RUNS takes, up to 64 (MP_PARK_YES_BACK_SOLO).  A
- * skipped free fences its run (cached, S's); the next that asks
- * unfences it, with no batch.  Returns the longest gap between two
- * questions. */
+ * 4, then 8 times between two that ask (MP_PARK_YES_BACK).  A skipped
+ * free fences its run (cached, S's); the next that asks unfences it, with
+ * no batch.  Once S made MP_PARK_SOLO_RUNS takes, no free asks: each
+ * gives its run back solo (free, MP_TAG_SOLO: runs.h), in no batch.
+ * Returns the longest gap between two questions. */
 static unsigned keeps_up(unsigned n) {
   const size_t PS = 64 * MiB;
   /* A run budget (64 MiB) that eight fences of a 4 MiB run stay under. */
@@ -717,16 +721,21 @@ static unsigned keeps_up(unsigned n) {
     cr_assert_not_null(x);
     bool a = free_asks(pool, x, S);
     magpool_stats_t st = mpt_stats(pool);
-    bool expect = i < MP_PARK_SOLO - 1 || i == next;
+    bool solo = i + 1 >= MP_PARK_SOLO_RUNS; /* S's takes so far: i + 1 */
+    bool expect = !solo && (i < MP_PARK_SOLO - 1 || i == next);
     cr_assert_eq(a, expect, "free %u: asked %d, expected %d", i, a, expect);
-    if (a) {
+    if (solo) {
+      cr_assert_eq(st.cached_bytes, BIG, "free %u: the solo run counts %zu cached", i, st.cached_bytes);
+      cr_assert_not(fenced(pool, rchunk(pool, x)));
+      cr_assert_eq(pool->chunks->runs.tag[rchunk(pool, x)], MP_TAG_SOLO);
+      cr_assert_eq(atomic_load(&pool->chunks->runs.solo), key_of(pool, S));
+      skipped++;
+    } else if (a) {
       cr_assert_eq(st.cached_bytes + st.pending_bytes, 0, "free %u: a yes left a run fenced", i);
       longest = gap > longest ? gap : longest;
       gap = 0;
       if (i < MP_PARK_SOLO - 1) continue;
-      /* S's takes so far: i + 1 */
-      unsigned most = i + 1 >= MP_PARK_SOLO_RUNS ? MP_PARK_YES_BACK_SOLO : MP_PARK_YES_BACK;
-      skip = skip == 0 ? 1 : skip < most ? 2 * skip : most;
+      skip = skip == 0 ? 1 : skip < MP_PARK_YES_BACK ? 2 * skip : MP_PARK_YES_BACK;
       next = i + skip + 1;
     } else {
       cr_assert_eq(st.cached_bytes, BIG, "free %u: the run not asked about is not fenced", i);
@@ -748,10 +757,10 @@ Test(fence, a_stream_that_keeps_up_is_asked_less_and_less, .timeout = 60) {
   cr_assert_eq(keeps_up(MP_PARK_SOLO + 60), MP_PARK_YES_BACK);
 }
 
-/* A training loop's stream, alone for MP_PARK_SOLO_RUNS takes: its
- * questions come up to MP_PARK_YES_BACK_SOLO run frees apart. */
-Test(fence, a_stream_alone_for_long_is_asked_less_still, .timeout = 120) {
-  cr_assert_eq(keeps_up(MP_PARK_SOLO_RUNS + 300), MP_PARK_YES_BACK_SOLO);
+/* A training loop's stream, alone for MP_PARK_SOLO_RUNS takes: its run
+ * frees are not asked about any more, and make no batch (keeps_up). */
+Test(fence, a_stream_alone_for_long_gives_solo, .timeout = 120) {
+  cr_assert_eq(keeps_up(MP_PARK_SOLO_RUNS + 300), MP_PARK_YES_BACK);
 }
 
 /* S makes the pool's last MP_PARK_SOLO run takes, then n more runs of

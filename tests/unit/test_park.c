@@ -240,7 +240,7 @@ Test(park, release_retires_the_park, .timeout = 60) {
   /* The dead entry's park is closed: nothing parks there any more. */
   cr_assert_eq(atomic_load(&e->park.bytes), 0);
   int passed = -1;
-  mp_acct acct = {0, 0, 0, NULL};
+  mp_acct acct = {0};
   cr_assert_not(mp_park_put(t.pool, &acct, e, t.s, t.x, 16, &passed),
                 "a released entry's park took a block");
   cr_assert_eq(atomic_load(&acct.held), 0);

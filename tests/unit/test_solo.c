@@ -1,0 +1,379 @@
+/* test_solo.c - solo runs (src/runs.h, "Solo runs"; park.c): once a
+ * stream S has made the pool's last MP_PARK_SOLO_RUNS run takes, its run
+ * frees go back to the free runs as a synchronous free's, tagged
+ * MP_TAG_SOLO, in no batch, and S is not asked about them; any other run
+ * take, and any take that would map, is refused while they are there, and
+ * its caller ends the solo (the runs are fenced for S in its open batch)
+ * before it takes again, so that nobody but S gets those chunks before S
+ * has passed them, and no unmap takes them from under S's work.
+ *
+ *   solo::a_solo_stream_gives_its_runs_back_in_no_batch   S held by a gate
+ *        frees a run: free, MP_TAG_SOLO, not fenced, no batch; S's next
+ *        take gets it back
+ *   solo::an_unmap_leaves_a_solo_run_mapped   the highest empty chunks
+ *        unmapped meanwhile: not the solo run's (chunk_unmap.c's guard)
+ *   solo::the_sync_api_ends_a_solo   a synchronous allocation meanwhile
+ *        does not get the run; the run is in S's open batch after, with
+ *        a batch's tag, and S still gets it back
+ *   solo::another_stream_ends_a_solo   the same for T's allocation
+ *   solo::a_release_ends_a_solo   releasing S puts the run behind S
+ *        (pending until S passes), with nothing lost
+ *   races::a_solo_free_after_an_end_is_solo_again   S's free stopped after
+ *        it chose to give its run back solo (MP_HOOK_SOLO_PUT) while a
+ *        synchronous take ends the solo: the free then begins a new solo,
+ *        and the next synchronous take ends that too and keeps out of the
+ *        run
+ *   races::an_end_holds_the_fence_lock_against_a_solo_free   an end
+ *        stopped inside the fence lock (MP_HOOK_SOLO_END) while S's free
+ *        waits for it (MP_HOOK_PARK_WAIT): the run goes back after the
+ *        end, solo, and the ending take keeps out of it
+ * Host streams held by gates, parking on.  Every test checks
+ * magpool_check (the solo invariants of mp_runs_check included) and ends
+ * with the pool in one block.  Internal headers: links the static
+ * archive.
+ */
+#define _GNU_SOURCE
+#include "chunk.h"
+#include "park.h"
+#include "runs.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "flag.h"
+#include "stream_util.h"
+#include "test_util.h"
+
+#define BIG (4 * MiB)
+#define PS (64 * MiB)
+
+static bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
+  const char *x = a, *y = b;
+  return x < y + bn && y < x + an;
+}
+
+static uint32_t rchunk(magpool_t *pool, const void *p) {
+  mp_chunks *c = pool->chunks;
+  return (uint32_t)(((uint64_t)((const char *)p - c->base) >> c->shift) - c->run0);
+}
+
+static bool fenced(magpool_t *pool, uint32_t k) {
+  return pool->chunks->runs.fbits[k / 64] >> (k % 64) & 1;
+}
+
+static uint32_t tag_of(magpool_t *pool, const void *p) {
+  return pool->chunks->runs.tag[rchunk(pool, p)];
+}
+
+static uint64_t key_of(magpool_t *pool, magpool_stream_t s) {
+  uint64_t sid;
+  cr_assert_eq(pool->sops->get_id(pool->src_ctx, s, &sid), 0);
+  return sid + 1;
+}
+
+static mp_park *park_of(magpool_t *pool, magpool_stream_t s) {
+  mp_streams_read_lock();
+  mp_sentry *e = mp_entry_find_rcu(pool, key_of(pool, s), s, false);
+  mp_streams_read_unlock();
+  cr_assert_not_null(e);
+  return &e->park; /* the entry lives until s is released */
+}
+
+/* A 64 MiB pool, parking on (no thread cache), and host stream *S that
+ * has made the pool's last MP_PARK_SOLO_RUNS run takes (each run freed at
+ * once, S idle).  Returns a run of BIG allocated on S, not freed. */
+static magpool_t *solo_pool(magpool_stream_t *S, void **x) {
+  magpool_t *pool = mpt_pool(
+      &(mpt_cfg){.pool_size = PS, .thread_cache = MPT_ZERO, .stream_cache = 64 * MiB});
+  cr_assert_not_null(pool->chunks);
+  *S = stream_new();
+  for (unsigned i = 0; i < MP_PARK_SOLO_RUNS; i++) {
+    void *y = magpool_alloc_async(pool, BIG, *S);
+    cr_assert_not_null(y);
+    cr_assert_eq(magpool_free_async(pool, y, *S), 0);
+  }
+  cr_assert_not_null(*x = magpool_alloc_async(pool, BIG, *S));
+  return pool;
+}
+
+static bool solo_free(magpool_t *pool, uint32_t k) {
+  return pool->chunks->runs.sbits[k / 64] >> (k % 64) & 1;
+}
+
+/* x freed on S (held): a solo run, S's, free but counted cached (not
+ * free to others yet), in no batch. */
+static void free_solo(magpool_t *pool, magpool_stream_t S, void *x) {
+  uint64_t b0 = atomic_load(&pool->retire.batches);
+  magpool_stats_t st0 = mpt_stats(pool);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  uint32_t k = rchunk(pool, x);
+  cr_assert(solo_free(pool, k) && solo_free(pool, k + 1), "the solo run is not in sbits");
+  cr_assert_not(fenced(pool, k) || fenced(pool, k + 1), "the solo run is fenced");
+  cr_assert_eq(atomic_load(&pool->chunks->busy[pool->chunks->run0 + k]), 0);
+  cr_assert_eq(tag_of(pool, x), MP_TAG_SOLO);
+  cr_assert_eq(pool->chunks->runs.owner[k], key_of(pool, S));
+  cr_assert_eq(mp_runs_solo(pool), key_of(pool, S));
+  cr_assert(atomic_load(&park_of(pool, S)->fsolo));
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, st0.cached_bytes + BIG, "the solo run is not counted cached");
+  cr_assert_eq(st.pending_bytes, 0);
+  cr_assert_eq(st.free_bytes, st0.free_bytes, "the solo run counts free");
+  cr_assert_eq(atomic_load(&pool->retire.batches), b0, "a solo free made a batch");
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check with a solo run");
+}
+
+/* After an end: x's chunks still fenced for S, with the open batch's tag,
+ * and no solo left. */
+static void assert_ended(magpool_t *pool, magpool_stream_t S, void *x) {
+  mp_park *k = park_of(pool, S);
+  cr_assert_eq(mp_runs_solo(pool), 0, "the solo did not end");
+  cr_assert_not(atomic_load(&k->fsolo));
+  cr_assert(fenced(pool, rchunk(pool, x)), "the run is not fenced at the end");
+  cr_assert_not(solo_free(pool, rchunk(pool, x)));
+  cr_assert_neq(tag_of(pool, x), MP_TAG_SOLO);
+  cr_assert(k->fn != 0 && tag_of(pool, x) == k->ftag, "the run is not in S's open batch");
+  cr_assert_eq(magpool_check(pool), 0, "magpool_check after a solo's end");
+}
+
+static void done(magpool_t *pool, magpool_stream_t S) {
+  finish(pool, PS, &S, 1);
+}
+
+Test(solo, a_solo_stream_gives_its_runs_back_in_no_batch, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  magpool_t *pool = solo_pool(&S, &x);
+  gate g;
+  gate_hold(&g, S);
+  free_solo(pool, S, x);
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_eq(y, x, "S did not get its solo run back");
+  cr_assert_not(fenced(pool, rchunk(pool, y)));
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_release(&g, S);
+  done(pool, S);
+}
+
+/* An unmap of every empty chunk (what trim, a move, release_threshold do
+ * to some) while S's freed run x is solo: x's chunks, empty, stay mapped. */
+Test(solo, an_unmap_leaves_a_solo_run_mapped, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  magpool_t *pool = solo_pool(&S, &x);
+  gate g;
+  gate_hold(&g, S);
+  free_solo(pool, S, x);
+  mp_chunks *c = pool->chunks;
+  uint64_t k = c->run0 + rchunk(pool, x);
+  mp_chunks_lock(pool); /* every empty chunk, down to none */
+  uint64_t got = mp_chunks_unmap_highest(pool, UINT64_MAX, 0, 0);
+  mp_chunks_unlock(pool);
+  cr_assert_gt(got, 0, "nothing was unmapped: the test proves nothing");
+  cr_assert(atomic_load(&c->state[k]) == MP_CHUNK_MAPPED &&
+                atomic_load(&c->state[k + 1]) == MP_CHUNK_MAPPED,
+            "an unmap took a solo run's chunk from under held S");
+  cr_assert_eq(magpool_check(pool), 0);
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_eq(y, x, "S did not get its solo run back");
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_release(&g, S);
+  cr_assert_eq(magpool_stream_release(pool, S), 0);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  mpt_assert_one_block(pool);
+  cr_assert_eq(magpool_host_stream_destroy(S), 0);
+  mpt_pool_done(pool);
+  MPT_ASSERT_NO_LEAKS();
+}
+
+Test(solo, the_sync_api_ends_a_solo, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  magpool_t *pool = solo_pool(&S, &x);
+  gate g;
+  gate_hold(&g, S);
+  free_solo(pool, S, x);
+  void *z = magpool_alloc(pool, BIG);
+  cr_assert_not_null(z, "a solo stream's fences made a synchronous allocation fail");
+  cr_assert_not(overlaps(z, BIG, x, BIG), "the synchronous API got a run of held S");
+  assert_ended(pool, S, x);
+  void *y = magpool_alloc_async(pool, BIG, S);
+  cr_assert_eq(y, x, "S did not get its run back after the end");
+  cr_assert_eq(magpool_free(pool, z), 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  gate_release(&g, S);
+  done(pool, S);
+}
+
+Test(solo, another_stream_ends_a_solo, .timeout = 60) {
+  magpool_stream_t S, T = stream_new();
+  void *x;
+  magpool_t *pool = solo_pool(&S, &x);
+  gate g;
+  gate_hold(&g, S);
+  free_solo(pool, S, x);
+  void *t = magpool_alloc_async(pool, BIG, T);
+  cr_assert_not_null(t);
+  cr_assert_not(overlaps(t, BIG, x, BIG), "T got a run of held S");
+  assert_ended(pool, S, x);
+  cr_assert_eq(magpool_free_async(pool, t, T), 0);
+  gate_release(&g, S);
+  cr_assert_eq(magpool_stream_release(pool, T), 0);
+  cr_assert_eq(magpool_host_stream_sync(T), 0);
+  cr_assert_eq(magpool_host_stream_destroy(T), 0);
+  done(pool, S);
+}
+
+Test(solo, a_release_ends_a_solo, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  magpool_t *pool = solo_pool(&S, &x);
+  gate g;
+  gate_hold(&g, S);
+  free_solo(pool, S, x);
+  cr_assert_eq(magpool_stream_release(pool, S), 0);
+  cr_assert_eq(mp_runs_solo(pool), 0, "the release left the solo");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.pending_bytes, BIG, "the solo run is not behind S (%zu pending)",
+               st.pending_bytes);
+  void *z = magpool_alloc(pool, BIG);
+  cr_assert_not_null(z);
+  cr_assert_not(overlaps(z, BIG, x, BIG), "the synchronous API got a run of held S");
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, z), 0);
+  gate_release(&g, S);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, PS);
+  mpt_assert_one_block(pool);
+  cr_assert_eq(magpool_host_stream_destroy(S), 0);
+  mpt_pool_done(pool);
+  MPT_ASSERT_NO_LEAKS();
+}
+
+/* ------------------------------------------------------------- races */
+
+/* A job stops at its point (0: none) until the test lets it go, and
+ * signals when it first waits for a park's lock (wait). */
+typedef struct job {
+  magpool_t *pool;
+  magpool_stream_t s; /* NULL: a synchronous allocation of BIG */
+  void *x;            /* freed on s, or the allocation's result */
+  int stop, wait;
+  flag stopped, go, waiting;
+} job;
+#define JOB(pool, s, x, stop, wait) {pool, s, x, stop, wait, FLAG_INIT, FLAG_INIT, FLAG_INIT}
+
+static _Thread_local job *self;
+
+static void solo_hook(int point, void *arg) {
+  (void)arg;
+  job *j = self;
+  if (j == NULL) return;
+  if (j->stop != 0 && point == j->stop) {
+    j->stop = 0;
+    flag_set(&j->stopped);
+    flag_wait(&j->go);
+  } else if (j->wait && point == MP_HOOK_PARK_WAIT) {
+    j->wait = 0;
+    flag_set(&j->waiting);
+  }
+}
+
+static void *job_run(void *arg) {
+  job *j = arg;
+  self = j;
+  if (j->s != NULL) cr_assert_eq(magpool_free_async(j->pool, j->x, j->s), 0);
+  else j->x = magpool_alloc(j->pool, BIG);
+  self = NULL;
+  return NULL;
+}
+
+/* x's free on held S chose a solo give and stopped before the fence
+ * lock; a synchronous take ends the solo that is there and takes.  The
+ * free then gives x back solo: the next synchronous take ends that one
+ * too and keeps out of x. */
+Test(races, a_solo_free_after_an_end_is_solo_again, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  magpool_t *pool = solo_pool(&S, &x);
+  gate g;
+  gate_hold(&g, S);
+  mp_hook_set(solo_hook);
+  job a = JOB(pool, S, x, MP_HOOK_SOLO_PUT, 0);
+  pthread_t ta;
+  cr_assert_eq(pthread_create(&ta, NULL, job_run, &a), 0);
+  flag_wait(&a.stopped);
+  void *z = magpool_alloc(pool, BIG);
+  cr_assert_not_null(z);
+  cr_assert_eq(mp_runs_solo(pool), 0);
+  flag_set(&a.go);
+  pthread_join(ta, NULL);
+  mp_hook_set(NULL);
+  cr_assert_eq(tag_of(pool, x), MP_TAG_SOLO, "the free after the end is not solo");
+  cr_assert_eq(mp_runs_solo(pool), key_of(pool, S));
+  cr_assert_eq(magpool_check(pool), 0);
+  void *w = magpool_alloc(pool, BIG);
+  cr_assert_not_null(w);
+  cr_assert_not(overlaps(w, BIG, x, BIG), "the synchronous API got a run of held S");
+  assert_ended(pool, S, x);
+  cr_assert_eq(magpool_free(pool, z), 0);
+  cr_assert_eq(magpool_free(pool, w), 0);
+  gate_release(&g, S);
+  done(pool, S);
+}
+
+/* S holds solo run v.  x's free on held S chose a solo give and stopped
+ * (MP_HOOK_SOLO_PUT); a synchronous take, refused, ends v's solo and
+ * stops inside S's fence lock (MP_HOOK_SOLO_END); x's free goes on and
+ * waits for that lock (MP_HOOK_PARK_WAIT).  Once the end is out, x is
+ * given back solo anew, after the end: the ending take gets neither run
+ * (refused again if its retry comes after x's fence), nor does the next. */
+Test(races, an_end_holds_the_fence_lock_against_a_solo_free, .timeout = 60) {
+  magpool_stream_t S;
+  void *x, *v;
+  magpool_t *pool = solo_pool(&S, &v);
+  cr_assert_not_null(x = magpool_alloc_async(pool, BIG, S));
+  gate g;
+  gate_hold(&g, S);
+  free_solo(pool, S, v);
+  mp_hook_set(solo_hook);
+  job a = JOB(pool, S, x, MP_HOOK_SOLO_PUT, 1), b = JOB(pool, NULL, NULL, MP_HOOK_SOLO_END, 0);
+  pthread_t ta, tb;
+  cr_assert_eq(pthread_create(&ta, NULL, job_run, &a), 0);
+  flag_wait(&a.stopped);
+  cr_assert_eq(pthread_create(&tb, NULL, job_run, &b), 0);
+  flag_wait(&b.stopped);
+  cr_assert(atomic_load(&park_of(pool, S)->fsolo), "the end began elsewhere than in S's lock");
+  flag_set(&a.go);
+  flag_wait(&a.waiting);
+  flag_set(&b.go);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  mp_hook_set(NULL);
+  cr_assert_not_null(b.x, "the ending take failed");
+  cr_assert_not(overlaps(b.x, BIG, x, BIG), "the ending take got the run freed meanwhile");
+  cr_assert_not(overlaps(b.x, BIG, v, BIG), "the ending take got the solo run");
+  cr_assert(fenced(pool, rchunk(pool, v)), "the end did not fence the solo run");
+  cr_assert(fenced(pool, rchunk(pool, x)) || solo_free(pool, rchunk(pool, x)),
+            "the run freed after the end is neither solo nor fenced");
+  cr_assert_neq(tag_of(pool, v), MP_TAG_SOLO, "the end left v solo");
+  cr_assert_eq(magpool_check(pool), 0);
+  /* x's fence came after the end: solo, unless the ending take's retry
+   * came first.  A synchronous take ends it either way. */
+  void *w = magpool_alloc(pool, BIG);
+  cr_assert_not_null(w);
+  cr_assert_not(overlaps(w, BIG, x, BIG) || overlaps(w, BIG, v, BIG),
+                "the synchronous API got a run of held S");
+  /* Ended: in S's open batch, or behind S if the take got to the
+   * ladder's flush (its retry refused again). */
+  cr_assert_eq(mp_runs_solo(pool), 0, "the solo did not end");
+  cr_assert(fenced(pool, rchunk(pool, x)) && tag_of(pool, x) != MP_TAG_SOLO);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free(pool, w), 0);
+  cr_assert_eq(magpool_free(pool, b.x), 0);
+  gate_release(&g, S);
+  done(pool, S);
+}
