@@ -593,7 +593,12 @@ MAGPOOL_API size_t magpool_align_up(size_t n, size_t align);
  * frees - not while s made the pool's last 4096 takes of such blocks,
  * as a training loop's one stream does: no other stream waits for them -
  * and at trim, the out-of-memory path, magpool_stream_release and other
- * streams' peaks; or when a free on s finds s idle).  With
+ * streams' peaks; or when a free on s finds s idle).  While s makes the
+ * pool's last 4096 takes of such blocks, its frees of them are not even
+ * fenced (no callback, no question to s): the first request for such a
+ * block from elsewhere, one that would map memory, trim or
+ * magpool_stream_release(s) fences them for s then, as above; until then
+ * release_threshold leaves that memory mapped.  With
  * cross_stream_reuse set, a request on another stream t that would raise
  * the pool's peak may take them before, after making t wait for s's work
  * queued so far (magpool_config_t).  s may be NULL: the legacy default stream on DEVICE and

@@ -344,6 +344,7 @@ int magpool_trim(magpool_t *pool) {
   }
   mp_acct *a = tc != NULL ? &tc->acct : NULL;
   mp_streams_flush_caches(pool);
+  mp_streams_end_solo(pool, 0); /* where the flush skipped a busy entry (runs.h) */
   mp_retire_drain(pool, a);
   mp_depot_drain(pool, a);
   mp_regions_coalesce(pool);

@@ -38,7 +38,10 @@
 #   tsan-stress-growth  magpool-stress --grow-from 16 --pool-mb 64 (chunk
 #                 groups and moves) under TSan
 #   tsan-stress-keepup  magpool-stress --streams 1 --large-async (one stream
-#                 makes every run take: its run frees skip questions) under TSan
+#                 makes every run take: its run frees skip questions, then go
+#                 back solo) under TSan
+#   tsan-stress-solo  magpool-stress --streams 1 --solo (solo runs, runs.h:
+#                 ended by synchronous run takes, maps, release) under TSan
 #   tsan-stress-crossreuse  magpool-stress --cross-reuse --grow-from 16
 #                 --pool-mb 512 (streams at a new peak take runs others
 #                 fenced, after waiting for them) under TSan
@@ -288,6 +291,10 @@ if [[ $quick -eq 0 ]]; then
   # One stream that keeps up: runs fenced without asking, settled by a yes.
   step tsan-stress-keepup "magpool-stress, one stream making every run take, tsan" \
     stress_run tsan --threads 2 --seconds 10 --seed 3 --streams 1 --large-async --grow-from 16 --pool-mb 64
+  # Solo runs: one stream's runs given back unfenced, ended by the rare
+  # synchronous run take, by maps, and at the end by release.
+  step tsan-stress-solo "magpool-stress, one stream's solo runs, tsan" \
+    stress_run tsan --threads 4 --seconds 15 --seed 6 --streams 1 --solo --grow-from 16 --pool-mb 64
   # cross_stream_reuse: adoption at new peaks (a few dozen in 15 s).
   step tsan-stress-crossreuse "magpool-stress, cross_stream_reuse on, tsan" \
     stress_run tsan --threads 4 --seconds 15 --seed 4 --streams 4 --large-async --grow-from 16 --pool-mb 512 --cross-reuse

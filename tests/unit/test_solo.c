@@ -16,6 +16,8 @@
  *        does not get the run; the run is in S's open batch after, with
  *        a batch's tag, and S still gets it back
  *   solo::another_stream_ends_a_solo   the same for T's allocation
+ *   solo::a_trim_ends_a_solo   trim fences the run for S, leaves it
+ *        mapped and held (cached or pending) until S passes
  *   solo::a_release_ends_a_solo   releasing S puts the run behind S
  *        (pending until S passes), with nothing lost
  *   races::a_solo_free_after_an_end_is_solo_again   S's free stopped after
@@ -224,6 +226,25 @@ Test(solo, another_stream_ends_a_solo, .timeout = 60) {
   cr_assert_eq(magpool_stream_release(pool, T), 0);
   cr_assert_eq(magpool_host_stream_sync(T), 0);
   cr_assert_eq(magpool_host_stream_destroy(T), 0);
+  done(pool, S);
+}
+
+Test(solo, a_trim_ends_a_solo, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  magpool_t *pool = solo_pool(&S, &x);
+  gate g;
+  gate_hold(&g, S);
+  free_solo(pool, S, x);
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(mp_runs_solo(pool), 0, "trim left the solo");
+  uint64_t k = pool->chunks->run0 + rchunk(pool, x);
+  cr_assert(fenced(pool, rchunk(pool, x)), "trim did not fence the solo run");
+  cr_assert_eq(atomic_load(&pool->chunks->state[k]), MP_CHUNK_MAPPED, "trim unmapped it");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes + st.pending_bytes, BIG, "the solo run is not held for S");
+  cr_assert_eq(magpool_check(pool), 0);
+  gate_release(&g, S);
   done(pool, S);
 }
 
