@@ -59,15 +59,15 @@ bool mp_runs_solo_give(magpool_t *pool, uint32_t s, uint32_t m, uint64_t owner) 
   if (o == 0) r->solo_lo = s, r->solo_hi = s + m;
   if (s < r->solo_lo) r->solo_lo = s;
   if (s + m > r->solo_hi) r->solo_hi = s + m;
-  for (uint32_t k = s; k < s + m; k++) {
-    r->tag[k] = MP_TAG_SOLO;
-    r->owner[k] = owner;
-  }
   /* Before the chunks' busy counts go to 0: an unmap that reads one of
    * those 0s reads `solo` after it (chunk_unmap.c).  RELEASE: the run's
    * last use happens before such an unmap, and before a take's reuse. */
   if (o == 0) mp_store_seq_cst(&r->solo, owner);
-  for (uint32_t k = s; k < s + m; k++) mp_store_release(&c->busy[c->run0 + k], 0);
+  for (uint32_t k = s; k < s + m; k++) {
+    r->tag[k] = MP_TAG_SOLO;
+    r->owner[k] = owner;
+    mp_store_release(&c->busy[c->run0 + k], 0);
+  }
   uint64_t gone = 0, dret = 0; /* stale retired bits of a live run (putback's) */
   bits_clear(r->rbits, r->fbits, s, s + m, &gone, &dret);
   count_add(&r->nretired, -dret);
