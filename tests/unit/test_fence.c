@@ -70,6 +70,7 @@
 #include <string.h>
 
 #include "flag.h"
+#include "runs_util.h"
 #include "stream_util.h"
 #include "test_util.h"
 
@@ -82,31 +83,6 @@ static magpool_t *fence_pool(size_t pool_size, size_t max) {
                           .thread_cache = MPT_ZERO, .stream_cache = MPT_ZERO});
   cr_assert_not_null(pool->chunks, "a %zu-byte host pool is not chunked", pool_size);
   return pool;
-}
-
-static bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
-  const char *x = a, *y = b;
-  return x < y + bn && y < x + an;
-}
-
-/* Run-space chunk number of address p. */
-static uint32_t rchunk(magpool_t *pool, const void *p) {
-  mp_chunks *c = pool->chunks;
-  return (uint32_t)(((uint64_t)((const char *)p - c->base) >> c->shift) - c->run0);
-}
-
-static uint32_t busy_of(magpool_t *pool, uint32_t k) {
-  return atomic_load(&pool->chunks->busy[pool->chunks->run0 + k]);
-}
-
-static bool fenced(magpool_t *pool, uint32_t k) {
-  return pool->chunks->runs.fbits[k / 64] >> (k % 64) & 1;
-}
-
-static uint64_t key_of(magpool_t *pool, magpool_stream_t s) {
-  uint64_t sid;
-  cr_assert_eq(pool->sops->get_id(pool->src_ctx, s, &sid), 0);
-  return sid + 1;
 }
 
 /* A 4 MiB run allocated on s and freed on s (blocked: it goes fenced). */
@@ -500,14 +476,6 @@ static void fmeet(fjob *first, int point, fjob *second) {
   pthread_join(a, NULL);
   pthread_join(b, NULL);
   mp_hook_set(NULL);
-}
-
-static mp_park *park_of(magpool_t *pool, magpool_stream_t s) {
-  mp_streams_read_lock();
-  mp_sentry *e = mp_entry_find_rcu(pool, key_of(pool, s), s, false);
-  mp_streams_read_unlock();
-  cr_assert_not_null(e);
-  return &e->park; /* the entry lives until s is released */
 }
 
 /* A free holds the fence lock with its run noted in the open batch while

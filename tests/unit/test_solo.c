@@ -44,43 +44,12 @@
 #include <stdatomic.h>
 
 #include "flag.h"
+#include "runs_util.h"
 #include "stream_util.h"
 #include "test_util.h"
 
 #define BIG (4 * MiB)
 #define PS (64 * MiB)
-
-static bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
-  const char *x = a, *y = b;
-  return x < y + bn && y < x + an;
-}
-
-static uint32_t rchunk(magpool_t *pool, const void *p) {
-  mp_chunks *c = pool->chunks;
-  return (uint32_t)(((uint64_t)((const char *)p - c->base) >> c->shift) - c->run0);
-}
-
-static bool fenced(magpool_t *pool, uint32_t k) {
-  return pool->chunks->runs.fbits[k / 64] >> (k % 64) & 1;
-}
-
-static uint32_t tag_of(magpool_t *pool, const void *p) {
-  return pool->chunks->runs.tag[rchunk(pool, p)];
-}
-
-static uint64_t key_of(magpool_t *pool, magpool_stream_t s) {
-  uint64_t sid;
-  cr_assert_eq(pool->sops->get_id(pool->src_ctx, s, &sid), 0);
-  return sid + 1;
-}
-
-static mp_park *park_of(magpool_t *pool, magpool_stream_t s) {
-  mp_streams_read_lock();
-  mp_sentry *e = mp_entry_find_rcu(pool, key_of(pool, s), s, false);
-  mp_streams_read_unlock();
-  cr_assert_not_null(e);
-  return &e->park; /* the entry lives until s is released */
-}
 
 /* A 64 MiB pool, parking on (no thread cache), and host stream *S that
  * has made the pool's last MP_PARK_SOLO_RUNS run takes (each run freed at
@@ -97,10 +66,6 @@ static magpool_t *solo_pool(magpool_stream_t *S, void **x) {
   }
   cr_assert_not_null(*x = magpool_alloc_async(pool, BIG, *S));
   return pool;
-}
-
-static bool solo_free(magpool_t *pool, uint32_t k) {
-  return pool->chunks->runs.sbits[k / 64] >> (k % 64) & 1;
 }
 
 /* x freed on S (held): a solo run, S's, free but counted cached (not
@@ -125,6 +90,14 @@ static void free_solo(magpool_t *pool, magpool_stream_t S, void *x) {
   cr_assert_eq(magpool_check(pool), 0, "magpool_check with a solo run");
 }
 
+/* solo_pool, S held by gate *g, and its run *x freed on it (free_solo). */
+static magpool_t *solo_freed(magpool_stream_t *S, void **x, gate *g) {
+  magpool_t *pool = solo_pool(S, x);
+  gate_hold(g, *S);
+  free_solo(pool, *S, *x);
+  return pool;
+}
+
 /* After an end: x's chunks still fenced for S, with the open batch's tag,
  * and no solo left. */
 static void assert_ended(magpool_t *pool, magpool_stream_t S, void *x) {
@@ -145,10 +118,8 @@ static void done(magpool_t *pool, magpool_stream_t S) {
 Test(solo, a_solo_stream_gives_its_runs_back_in_no_batch, .timeout = 60) {
   magpool_stream_t S;
   void *x;
-  magpool_t *pool = solo_pool(&S, &x);
   gate g;
-  gate_hold(&g, S);
-  free_solo(pool, S, x);
+  magpool_t *pool = solo_freed(&S, &x, &g);
   void *y = magpool_alloc_async(pool, BIG, S);
   cr_assert_eq(y, x, "S did not get its solo run back");
   cr_assert_not(fenced(pool, rchunk(pool, y)));
@@ -163,10 +134,8 @@ Test(solo, a_solo_stream_gives_its_runs_back_in_no_batch, .timeout = 60) {
 Test(solo, an_unmap_leaves_a_solo_run_mapped, .timeout = 60) {
   magpool_stream_t S;
   void *x;
-  magpool_t *pool = solo_pool(&S, &x);
   gate g;
-  gate_hold(&g, S);
-  free_solo(pool, S, x);
+  magpool_t *pool = solo_freed(&S, &x, &g);
   mp_chunks *c = pool->chunks;
   uint64_t k = c->run0 + rchunk(pool, x);
   mp_chunks_lock(pool); /* every empty chunk, down to none */
@@ -194,10 +163,8 @@ Test(solo, an_unmap_leaves_a_solo_run_mapped, .timeout = 60) {
 Test(solo, the_sync_api_ends_a_solo, .timeout = 60) {
   magpool_stream_t S;
   void *x;
-  magpool_t *pool = solo_pool(&S, &x);
   gate g;
-  gate_hold(&g, S);
-  free_solo(pool, S, x);
+  magpool_t *pool = solo_freed(&S, &x, &g);
   void *z = magpool_alloc(pool, BIG);
   cr_assert_not_null(z, "a solo stream's fences made a synchronous allocation fail");
   cr_assert_not(overlaps(z, BIG, x, BIG), "the synchronous API got a run of held S");
@@ -232,10 +199,8 @@ Test(solo, another_stream_ends_a_solo, .timeout = 60) {
 Test(solo, a_trim_ends_a_solo, .timeout = 60) {
   magpool_stream_t S;
   void *x;
-  magpool_t *pool = solo_pool(&S, &x);
   gate g;
-  gate_hold(&g, S);
-  free_solo(pool, S, x);
+  magpool_t *pool = solo_freed(&S, &x, &g);
   cr_assert_eq(magpool_trim(pool), 0);
   cr_assert_eq(mp_runs_solo(pool), 0, "trim left the solo");
   uint64_t k = pool->chunks->run0 + rchunk(pool, x);
@@ -251,10 +216,8 @@ Test(solo, a_trim_ends_a_solo, .timeout = 60) {
 Test(solo, a_release_ends_a_solo, .timeout = 60) {
   magpool_stream_t S;
   void *x;
-  magpool_t *pool = solo_pool(&S, &x);
   gate g;
-  gate_hold(&g, S);
-  free_solo(pool, S, x);
+  magpool_t *pool = solo_freed(&S, &x, &g);
   cr_assert_eq(magpool_stream_release(pool, S), 0);
   cr_assert_eq(mp_runs_solo(pool), 0, "the release left the solo");
   magpool_stats_t st = mpt_stats(pool);
