@@ -12,6 +12,8 @@
  *        take gets it back
  *   solo::an_unmap_leaves_a_solo_run_mapped   the highest empty chunks
  *        unmapped meanwhile: not the solo run's (chunk_unmap.c's guard)
+ *   solo::the_solos_own_map_ends_it_and_asks   S's own request that would
+ *        map ends the solo and asks S (idle: the run is unfenced at once)
  *   solo::the_sync_api_ends_a_solo   a synchronous allocation meanwhile
  *        does not get the run; the run is in S's open batch after, with
  *        a batch's tag, and S still gets it back
@@ -158,6 +160,36 @@ Test(solo, an_unmap_leaves_a_solo_run_mapped, .timeout = 60) {
   cr_assert_eq(magpool_host_stream_destroy(S), 0);
   mpt_pool_done(pool);
   MPT_ASSERT_NO_LEAKS();
+}
+
+static _Atomic int idle_asks;
+static void ask_hook(int point, void *arg) {
+  (void)arg;
+  if (point == MP_HOOK_PARK_IDLE) atomic_fetch_add(&idle_asks, 1);
+}
+
+/* S (idle) frees x solo, then asks for a run that would map chunks (56
+ * MiB of the 64 MiB pool: its run space maps 24 chunks): the take is
+ * refused, S's own end fences x in S's batch and asks S, which has passed
+ * it, and the take goes on. */
+Test(solo, the_solos_own_map_ends_it_and_asks, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  magpool_t *pool = solo_pool(&S, &x);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  cr_assert_eq(mp_runs_solo(pool), key_of(pool, S));
+  atomic_store(&idle_asks, 0);
+  mp_hook_set(ask_hook);
+  void *y = magpool_alloc_async(pool, 56 * MiB, S);
+  mp_hook_set(NULL);
+  cr_assert_not_null(y);
+  cr_assert_eq(mp_runs_solo(pool), 0, "a take that maps did not end the solo");
+  cr_assert_geq(atomic_load(&idle_asks), 1, "the solo's own end did not ask S");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes + st.pending_bytes, 0, "S passed its run, which is still held");
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  done(pool, S);
 }
 
 Test(solo, the_sync_api_ends_a_solo, .timeout = 60) {
