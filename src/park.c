@@ -355,6 +355,10 @@ static int passed_hint(magpool_t *pool, mp_sentry *e, magpool_stream_t s) {
 bool mp_park_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, void *p,
                  unsigned order, int *passed) {
   if (pool->cfg.stream_cache_bytes == 0) return false;
+  if (mp_is_run(pool, p) && mp_park_solo(pool, e, MP_PARK_SOLO_RUNS)) { /* runs.h */
+    int f = solo_put(pool, a, e, p, order);
+    if (f != 0) return f > 0;
+  }
   mp_park *k = &e->park;
   int64_t b = (int64_t)mp_block_cost(pool, p, order);
   /* A run (a chunk or more), or a block over its budget (which would be
@@ -363,10 +367,6 @@ bool mp_park_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t s, 
    * (docs/design.md, the park: "Runs on passed streams").  Else a run is
    * fenced for s (fence_put), where s's requests of any size may use its
    * chunks; a parked one would serve only its order. */
-  if (mp_is_run(pool, p) && mp_park_solo(pool, e, MP_PARK_SOLO_RUNS)) { /* runs.h */
-    int f = solo_put(pool, a, e, p, order);
-    if (f != 0) return f > 0;
-  }
   if ((partial(pool, order) || b > mp_park_budget(pool, order)) && pool->sops->idle != NULL &&
       (*passed = passed_hint(pool, e, s)) == 1)
     return false;
