@@ -360,7 +360,9 @@ typedef struct magpool_stats {
                                 chunked pools also runs (blocks of a
                                 chunk or more) fenced for their stream's
                                 reuse (magpool_alloc_async) whose batch
-                                has not yet gone behind the stream        */
+                                has not yet gone behind the stream, and
+                                those a stream that makes every such take
+                                freed without a fence                    */
   size_t pending_bytes;      /* blocks freed on streams that have not yet
                                 reached the free, as far as the pool
                                 knows: retired behind the stream, fenced
