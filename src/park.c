@@ -143,6 +143,17 @@ static void fence_retire(magpool_t *pool, mp_sentry *e, magpool_stream_t s, fbat
   fence_done(pool, f);
 }
 
+/* Under the fence lock: room in the open batch for one more range (the
+ * array doubles); false: no host memory. */
+static bool fr_room(mp_park *k) {
+  if (k->fn < k->fcap) return true;
+  uint32_t cap = k->fcap != 0 ? 2 * k->fcap : 16, *fr = realloc(k->fr, 2 * sizeof *fr * cap);
+  if (fr == NULL) return false;
+  k->fr = fr;
+  k->fcap = cap;
+  return true;
+}
+
 /* ------------------------------------------------------------- solo runs */
 
 /* Under the chunk map's lock and the fence lock: the solo's runs (runs.h)
@@ -152,12 +163,7 @@ static bool solo_merge(magpool_t *pool, mp_sentry *e) {
   mp_park *k = &e->park;
   if (!mp_load_relaxed(&k->fsolo)) return true;
   MP_HOOK(MP_HOOK_SOLO_END, k);
-  if (k->fn == k->fcap) {
-    uint32_t cap = k->fcap != 0 ? 2 * k->fcap : 16, *fr = realloc(k->fr, 2 * sizeof *fr * cap);
-    if (fr == NULL) return false;
-    k->fr = fr;
-    k->fcap = cap;
-  }
+  if (!fr_room(k)) return false;
   mp_chunks *c = pool->chunks;
   uint32_t tag = k->fn != 0 ? k->ftag : mp_runs_tag(pool), *r = &k->fr[2 * k->fn];
   if (mp_runs_solo_end(pool, e->key, tag, 1u << (c->shift - pool->min_shift), r)) {
@@ -189,12 +195,7 @@ static int solo_put(magpool_t *pool, mp_acct *a, mp_sentry *e, void *p, unsigned
   word_lock(k, &k->flock);
   if (k->fclosed) goto out;
   rc = 0;
-  if (k->fn == k->fcap) { /* the end's range, so that it seldom needs memory */
-    uint32_t cap = k->fcap != 0 ? 2 * k->fcap : 16, *fr = realloc(k->fr, 2 * sizeof *fr * cap);
-    if (fr == NULL) goto out;
-    k->fr = fr;
-    k->fcap = cap;
-  }
+  if (!fr_room(k)) goto out; /* the end's range, so that it seldom needs memory */
   if (!mp_region_give_solo(pool, a, p, order, e->key)) goto out;
   mp_store_relaxed(&k->fsolo, true);
   rc = 1;
@@ -254,12 +255,7 @@ static int fence_put(magpool_t *pool, mp_acct *a, mp_sentry *e, magpool_stream_t
   word_lock(k, &k->flock);
   if (k->fclosed) goto out;
   rc = 0;
-  if (k->fn == k->fcap) { /* no host memory for the range: p is parked */
-    uint32_t cap = k->fcap != 0 ? 2 * k->fcap : 16, *fr = realloc(k->fr, 2 * sizeof *fr * cap);
-    if (fr == NULL) goto out;
-    k->fr = fr;
-    k->fcap = cap;
-  }
+  if (!fr_room(k)) goto out; /* no host memory for the range: p is parked */
   if (k->fn == 0) k->ftag = mp_runs_tag(pool);
   uint32_t *r = &k->fr[2 * k->fn];
   int f = mp_region_fence(pool, a, p, order, k->ftag, e->key, false, r);
