@@ -177,9 +177,10 @@ enum {
   MP_HOOK_SOLO_PUT,      /* arg: the mp_park; a run free chose to give
                             its run back solo, the fence lock not yet
                             taken (park.c)                               */
-  MP_HOOK_SOLO_END,      /* arg: the mp_park; a solo's end holds the chunk
-                            map's and the fence lock, its runs not yet
-                            fenced                                       */
+  MP_HOOK_SOLO_END,      /* arg: the mp_park; a solo's end holds the
+                            fence lock, its runs not yet fenced          */
+  MP_HOOK_RUN_HELD,      /* arg: the run; a take got a window of free solo
+                            chunks (runs.h), not yet counted (region.c)  */
 };
 /* MP_HOOK_VMM_UNMAP's argument: the mapping's address, and a flag a test
  * sets to make the driver call fail. */

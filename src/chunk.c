@@ -215,6 +215,28 @@ static void release_excess(magpool_t *pool) {
   pthread_mutex_unlock(lk);
 }
 
+/* A take that makes nb chunks busy: raises the high-water mark, which
+ * raises the budget for good; false (refused) if it would while stream
+ * frees on their way back could keep it where it is (the caller waits
+ * for them, then asks again with grow), or for MP_TAKE_NOPEAK/NOMAP. */
+static bool peak_ok(magpool_t *pool, uint64_t nb, int grow) {
+  mp_chunks *c = pool->chunks;
+  if (nb > mp_load_relaxed(&c->hwm) && (grow == MP_TAKE_NOMAP ||
+      (grow == MP_TAKE_NOPEAK ? nb > c->keep : !grow && returning_covers(pool, c->chunk))))
+    return false;
+  mp_max_relaxed_u64(&c->hwm, nb);
+  return true;
+}
+
+int mp_chunks_acquire_held(magpool_t *pool, char *p, unsigned order, size_t need, int grow) {
+  mp_chunks *c = pool->chunks;
+  extent e = extent_of(pool, p, order, need);
+  mp_store_relaxed(&c->ext[e.first], (uint32_t)e.n);
+  return peak_ok(pool, mp_load_relaxed(&c->nbusy) + mp_load_relaxed(&c->runs.rbusy), grow)
+             ? 0
+             : MP_EGROW;
+}
+
 int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int grow) {
   mp_chunks *c = pool->chunks;
   extent e = extent_of(pool, p, order, need);
@@ -233,16 +255,11 @@ int mp_chunks_acquire(magpool_t *pool, char *p, unsigned order, size_t need, int
       mp_store_relaxed(&c->busy[i], u);
     }
   if (own) mp_asym_light(); /* "Ordering" above */
-  if (fresh != 0) { /* own: mp_runs_alloc counted them (rbusy) */
+  /* own: mp_runs_alloc counted the window (rbusy), a free solo chunk
+   * among them with its busy count kept (runs.h), so always looked at. */
+  if (own || fresh != 0) {
     uint64_t lower = own ? mp_load_relaxed(&c->nbusy) : mp_fetch_add_relaxed(&c->nbusy, fresh) + fresh;
-    uint64_t nb = lower + mp_load_relaxed(&c->runs.rbusy);
-    /* A new high-water mark raises the budget for good: not while stream
-     * frees on their way back could keep it where it is (the caller waits
-     * for them, then asks again with grow), nor for MP_TAKE_NOPEAK/NOMAP. */
-    if (nb > mp_load_relaxed(&c->hwm) && (grow == MP_TAKE_NOMAP ||
-        (grow == MP_TAKE_NOPEAK ? nb > c->keep : !grow && returning_covers(pool, c->chunk))))
-      goto refuse;
-    mp_max_relaxed_u64(&c->hwm, nb);
+    if (!peak_ok(pool, lower + mp_load_relaxed(&c->runs.rbusy), grow)) goto refuse;
   }
   MP_HOOK(MP_HOOK_CHUNK_TAKE, c->base + (e.first << c->shift));
   uint64_t i = e.first;

@@ -34,8 +34,9 @@ int mp_chunks_check(magpool_t *pool) {
   }
   if (mapped != mp_load_relaxed(&c->nmapped) || mapped != bits || mapped > c->cap)
     return MAGPOOL_EINVAL;                                                /* C2 */
-  if (busy != mp_load_relaxed(&c->nbusy) || rbusy != mp_load_relaxed(&c->runs.rbusy) ||
-      busy + rbusy > mp_load_relaxed(&c->hwm))
+  uint64_t solo = mp_load_relaxed(&c->runs.nsolo); /* busy, not counted (runs.h) */
+  if (busy != mp_load_relaxed(&c->nbusy) || rbusy != mp_load_relaxed(&c->runs.rbusy) + solo ||
+      busy + rbusy - solo > mp_load_relaxed(&c->hwm))
     return MAGPOOL_EINVAL;                                                /* C3 */
   if (mp_load_relaxed(&pool->reserved) != mapped * c->chunk) return MAGPOOL_EINVAL;   /* C5 */
   return 0;

@@ -17,14 +17,12 @@ void mp_chunks_reserved_add(magpool_t *pool, int64_t chunks) {
 }
 
 /* Group g (its first chunk) busy: seq_cst loads, the handshake's re-read.
- * A run-space group counts busy while a stream's solo is on (runs.h): its
- * free chunks may still be in the stream's use.  `solo` is read after the
- * busy counts: a solo free sets it before its counts go to 0 (RELEASE),
- * so a 0 read here from such a free comes with `solo` set. */
+ * A free solo run's chunks keep their busy counts (runs.h), so they count
+ * busy here while their stream may still use them. */
 static bool group_busy(const mp_chunks *c, uint64_t g) {
   for (uint64_t k = g; k < g + c->glen[g]; k++)
     if (mp_load_seq_cst(&c->busy[k]) != 0) return true;
-  return g >= c->run0 && mp_load_seq_cst(&c->runs.solo) != 0;
+  return false;
 }
 
 /* [a, b), whole groups marked UNMAPPING: unmaps each row group_busy finds empty with one

@@ -156,31 +156,28 @@ static bool fr_room(mp_park *k) {
 
 /* ------------------------------------------------------------- solo runs */
 
-/* Under the chunk map's lock and the fence lock: the solo's runs (runs.h)
- * are fenced for s with the open batch's tag, their range noted in it.
- * false: no host memory for the range (the solo goes on). */
+/* Under the fence lock: the solo's runs (runs.h) are fenced for s with
+ * the open batch's tag, their range noted in it.  false: no host memory
+ * for the range (the solo goes on). */
 static bool solo_merge(magpool_t *pool, mp_sentry *e) {
   mp_park *k = &e->park;
   if (!mp_load_relaxed(&k->fsolo)) return true;
   MP_HOOK(MP_HOOK_SOLO_END, k);
   if (!fr_room(k)) return false;
-  mp_chunks *c = pool->chunks;
   uint32_t tag = k->fn != 0 ? k->ftag : mp_runs_tag(pool), *r = &k->fr[2 * k->fn];
-  if (mp_runs_solo_end(pool, e->key, tag, 1u << (c->shift - pool->min_shift), r)) {
+  if (mp_runs_solo_end(pool, e->key, tag, r)) {
     k->ftag = tag;
     k->fn++;
-    mp_store_relaxed(&k->fbytes, mp_load_relaxed(&k->fbytes) + ((int64_t)r[1] << c->shift));
+    mp_store_relaxed(&k->fbytes, mp_load_relaxed(&k->fbytes) + ((int64_t)r[1] << pool->chunks->shift));
   }
   mp_store_relaxed(&k->fsolo, false);
   return true;
 }
 
 bool mp_park_end_solo(magpool_t *pool, mp_sentry *e) {
-  mp_chunks_lock(pool); /* no unmap under way while the chunks go busy */
   word_lock(&e->park, &e->park.flock);
   bool ok = solo_merge(pool, e);
   word_unlock(&e->park.flock);
-  mp_chunks_unlock(pool);
   return ok;
 }
 

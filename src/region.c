@@ -161,13 +161,16 @@ static int acquire(magpool_t *pool, mp_acct *a, char *p, unsigned order, size_t 
 static void *take_run(magpool_t *pool, mp_acct *a, unsigned order, size_t need, int grow) {
   mp_chunks *c = pool->chunks;
   uint32_t m = (uint32_t)mp_chunks_for(c, need);
-  int64_t s = mp_runs_alloc(pool, m, a->fence_owner, a->adopt);
+  bool held;
+  int64_t s = mp_runs_alloc(pool, m, a->fence_owner, a->adopt, &held);
   if (s < 0) {
     if (s == -2) a->solo_hit = true; /* the API's slow path ends that solo (runs.h) */
     return NULL;
   }
   char *p = c->base + ((size_t)(c->run0 + (uint64_t)s) << c->shift);
-  if (acquire(pool, a, p, order, need, grow) != 0) {
+  if (held) MP_HOOK(MP_HOOK_RUN_HELD, p);
+  if ((held ? mp_chunks_acquire_held(pool, p, order, need, grow)
+            : acquire(pool, a, p, order, need, grow)) != 0) {
     mp_runs_putback(pool, (uint32_t)s, m);
     return NULL;
   }

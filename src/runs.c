@@ -146,8 +146,10 @@ static void consider_run(const magpool_t *pool, pick *b, uint32_t s, uint32_t le
   }
 }
 
-int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adopt *ad) {
+int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adopt *ad,
+                      bool *held) {
   mp_runs *r = &pool->chunks->runs;
+  *held = false;
   if (m == 0 || m > r->n) return -1;
   runs_lock(r);
   bool same = mp_load_relaxed(&r->taker) == owner; /* the run of takes by one owner */
@@ -195,10 +197,11 @@ take:;
    * keeping busy count and tag; the others become busy (rbusy now, the
    * busy counts in mp_chunks_acquire, after the lock). */
   uint64_t own = 0, dret = 0;
-  if (so != 0) { /* the solo's own take: its free chunks are free ones (busy 0) */
+  if (so != 0) { /* the solo's own take: its free chunks count busy again (rbusy) */
     uint64_t n = 0, x = 0;
     bits_clear(r->sbits, r->fbits, b.at, b.at + m, &n, &x);
     count_add(&r->nsolo, -n);
+    *held = n == m; /* every chunk busy all along: mp_chunks_acquire_held */
   }
   if (mp_load_relaxed(&r->nfenced) != 0) {
     bits_clear(r->fbits, r->rbits, b.at, b.at + m, &own, &dret);
@@ -232,8 +235,10 @@ void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m) {
   for (uint32_t k = s; k < s + m; k++)
     if (r->tag[k] != 0 && r->tag[k] != MP_TAG_SOLO) {
       fbit_put(r, k, true);
-    } else { /* a solo's chunk: free solo again (its solo is still on: runs.h) */
-      if (r->tag[k] == MP_TAG_SOLO) bit_set(r->sbits, k, true), count(&r->nsolo, true);
+    } else if (r->tag[k] == MP_TAG_SOLO) { /* free solo again, busy kept (its solo is on: runs.h) */
+      bit_set(r->sbits, k, true), count(&r->nsolo, true);
+      down++;
+    } else {
       mp_store_release(&c->busy[c->run0 + k], 0);
       down++;
     }
@@ -300,12 +305,13 @@ int mp_runs_check(magpool_t *pool) {
       listed += r->head[s];
     }
   uint64_t so = mp_load_relaxed(&r->solo), nsolo = 0;
+  uint32_t units = 1u << (c->shift - pool->min_shift); /* a whole chunk's */
   for (uint32_t k = 0; k < r->n; k++) { /* solo runs (runs.h) */
     nsolo += bit(r->sbits, k);
     bool solo_tag = r->tag[k] == MP_TAG_SOLO;
     if (solo_tag && (so == 0 || r->owner[k] != so || k < r->solo_lo || k >= r->solo_hi || fbit(r, k)))
       return MAGPOOL_EINVAL;
-    if (bit(r->sbits, k) && (!solo_tag || mp_load_relaxed(&c->busy[c->run0 + k]) != 0))
+    if (bit(r->sbits, k) && (!solo_tag || mp_load_relaxed(&c->busy[c->run0 + k]) != units))
       return MAGPOOL_EINVAL;
   }
   if (nsolo != mp_load_relaxed(&r->nsolo)) return MAGPOOL_EINVAL;
@@ -320,8 +326,9 @@ int mp_runs_check(magpool_t *pool) {
         if (f && r->sole != 0 && r->owner[k] != r->sole) return MAGPOOL_EINVAL;
         fenced += f;
         retired += f && rbit(r, k);
-        bool tagged = r->tag[k] != 0 && !bit(r->sbits, k); /* a free solo chunk: sbits */
-        if (f != tagged || f != (mp_load_relaxed(&c->busy[c->run0 + k]) != 0)) return MAGPOOL_EINVAL;
+        bool solo = bit(r->sbits, k), tagged = r->tag[k] != 0 && !solo; /* free solo: sbits */
+        if (f != tagged || (f || solo) != (mp_load_relaxed(&c->busy[c->run0 + k]) != 0))
+          return MAGPOOL_EINVAL;
       }
       free_seen += len;
       i += len;

@@ -29,29 +29,32 @@
  * by that owner looks at whole free runs, as when nothing is fenced.
  *
  * Solo runs.  A stream that makes every run take (a training loop's;
- * park.c decides) gives its runs back as a synchronous free does, busy
- * counts 0, with no fence, no batch and no question to the stream: the
- * chunks carry MP_TAG_SOLO and owner S, and sbits marks those free.  What
- * keeps S's work safe while S has not passed them:
+ * park.c decides) gives its runs back as a synchronous free does, with
+ * no fence, no batch and no question to the stream: the chunks carry
+ * MP_TAG_SOLO and owner S, sbits marks those free, and they leave rbusy
+ * (the budget's count) but keep their busy counts, so no unmap takes
+ * them while S's work may still use them.  What keeps them S's:
  *   - every run take by another owner is refused (-2) while `solo` is set;
- *   - so is every take that would map a chunk (-2 here, MP_ESOLO from
- *     mp_chunks_acquire), since mapping moves empty chunks;
- *   - the unmaps leave run space alone while `solo` is set (chunk_unmap.c:
- *     a free sets `solo` before its busy counts go to 0 with RELEASE, and
- *     an unmap reads `solo` after it re-reads them seq_cst).
+ *   - S's own take of a window of free solo chunks only needs its
+ *     high-water mark (mp_chunks_acquire_held): its chunks were busy all
+ *     along, so mapped;
+ *   - every take that would map a chunk is refused (-2 here, MP_ESOLO
+ *     from mp_chunks_acquire) so that the caller ends the solo first, and
+ *     what S has passed can move instead of new memory being mapped.
  * The refused caller ends the solo (mp_streams_end_solo) and takes again.
- * The end holds the chunk map's lock (no unmap under way), then the park's
- * fence lock (no solo free of S), then ours: every free solo chunk is
- * fenced for S (busy count, fbits) with the tag of S's open fence batch,
- * every other chunk still carrying MP_TAG_SOLO (taken back since) gets
- * that tag, and the batch notes one range that holds them all.  From
- * there they are fenced runs as any.
+ * The end holds the park's fence lock (no solo free of S), then ours:
+ * every free solo chunk is fenced for S (fbits, back in rbusy; its busy
+ * count as it is) with the tag of S's open fence batch, every other
+ * chunk still carrying MP_TAG_SOLO (taken back since) gets that tag, and
+ * the batch notes one range that holds them all.  From there they are
+ * fenced runs as any.  A drop (S has passed everything) sets the free
+ * ones to busy 0 instead.
  * Free solo chunks count as cached in the statistics, as fenced ones in
  * an open batch do: not free to others yet.
  * Invariants (mp_runs_check, quiescent): a chunk with MP_TAG_SOLO has
  * owner `solo` and lies in [solo_lo, solo_hi); with `solo` 0 none has;
- * sbits: free chunks with MP_TAG_SOLO, busy 0, not in fbits; nsolo ==
- * |sbits|. */
+ * sbits: free chunks with MP_TAG_SOLO, busy a whole chunk's units, not
+ * in fbits; nsolo == |sbits|. */
 #ifndef MAGPOOL_RUNS_H
 #define MAGPOOL_RUNS_H
 
@@ -87,33 +90,41 @@ void mp_runs_fini(magpool_t *pool);
 /* A free run of m chunks (placement: runs.c) that may use the chunks
  * fenced by `owner` (0: none) and those `ad` names (NULL: none), or -1;
  * -2: refused, a solo is there (another owner's, or the owner's and the
- * run would map chunks: runs.h). */
-int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adopt *ad);
+ * run would map chunks: runs.h).  *held: every chunk of it was a free
+ * solo chunk, busy all along (mp_chunks_acquire_held, not
+ * mp_chunks_acquire, counts the take). */
+int64_t mp_runs_alloc(magpool_t *pool, uint32_t m, uint64_t owner, const mp_adopt *ad,
+                      bool *held);
+/* mp_chunks_acquire (chunk.c) for a run whose chunks were busy all along
+ * (a window of free solo chunks): notes the run's extent and raises the
+ * high-water mark, as that would; MP_EGROW where it would refuse that. */
+int mp_chunks_acquire_held(magpool_t *pool, char *p, unsigned order, size_t need, int grow);
 /* Back to the free runs: [s, s + m) of a block given back (busy 0
  * already; stale tags are cleared). */
 void mp_runs_free(magpool_t *pool, uint32_t s, uint32_t m);
 /* Back to the free runs after a failed mp_chunks_acquire of a window
- * mp_runs_alloc gave: chunks with a batch's tag are fenced again, the
- * others go to busy 0 (and out of nbusy), a solo's to sbits. */
+ * mp_runs_alloc gave: chunks with a batch's tag are fenced again, a
+ * solo's go to sbits (busy kept), the others to busy 0; all but the
+ * fenced ones out of rbusy. */
 void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m);
 /* A solo run's give (runs.h): makes `owner` the solo, tags [s, s + m),
- * counts its chunks down (busy 0) and puts it back among the free runs,
- * in sbits.  false (nothing done): another owner's solo is there. */
+ * takes its chunks out of rbusy (their busy counts stay) and puts it
+ * back among the free runs, in sbits.  false (nothing done): another
+ * owner's solo is there. */
 bool mp_runs_solo_give(magpool_t *pool, uint32_t s, uint32_t m, uint64_t owner);
 /* The owner of the solo runs, 0 if none (relaxed: a hint). */
 uint64_t mp_runs_solo(magpool_t *pool);
 /* Bytes in free solo chunks (statistics: cached).  Relaxed. */
 uint64_t mp_runs_solo_bytes(const magpool_t *pool);
-/* Ends `owner`'s solo (runs.h): its free chunks fenced with `tag` (busy
- * `units` each), the others carrying MP_TAG_SOLO retagged; range[0..1]
- * holds them all.  false (nothing done): owner has none.  The caller
- * holds the chunk map's lock and the park's fence lock. */
-bool mp_runs_solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t units,
-                      uint32_t *range);
+/* Ends `owner`'s solo (runs.h): its free chunks fenced with `tag`, the
+ * others carrying MP_TAG_SOLO retagged; range[0..1] holds them all.
+ * false (nothing done): owner has none.  The caller holds the park's
+ * fence lock. */
+bool mp_runs_solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t *range);
 /* Drops `owner`'s solo once its stream has passed everything: the free
- * chunks stay free, the tags go.  false: owner has none. */
+ * chunks stay free (busy 0 now), the tags go.  false: owner has none. */
 bool mp_runs_solo_drop(magpool_t *pool, uint64_t owner);
-/* The chunk map's lock (chunk.c), for a solo's end. */
+/* The chunk map's lock (chunk.c): held around mp_chunks_unmap_highest. */
 void mp_chunks_lock(magpool_t *pool);
 void mp_chunks_unlock(magpool_t *pool);
 /* A fresh batch tag (never 0 or MP_TAG_SOLO); the newest one given (mp_adopt). */

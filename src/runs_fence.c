@@ -48,8 +48,7 @@ bool mp_runs_fence(magpool_t *pool, uint32_t s, uint32_t m, uint32_t tag, uint64
 /* ------------------------------------------------------------- solo runs */
 
 bool mp_runs_solo_give(magpool_t *pool, uint32_t s, uint32_t m, uint64_t owner) {
-  mp_chunks *c = pool->chunks;
-  mp_runs *r = &c->runs;
+  mp_runs *r = &pool->chunks->runs;
   runs_lock(r);
   uint64_t o = mp_load_relaxed(&r->solo);
   if (o != 0 && o != owner) {
@@ -59,15 +58,12 @@ bool mp_runs_solo_give(magpool_t *pool, uint32_t s, uint32_t m, uint64_t owner) 
   if (o == 0) r->solo_lo = s, r->solo_hi = s + m;
   if (s < r->solo_lo) r->solo_lo = s;
   if (s + m > r->solo_hi) r->solo_hi = s + m;
-  /* Before the chunks' busy counts go to 0: an unmap that reads one of
-   * those 0s reads `solo` after it (chunk_unmap.c).  RELEASE: the run's
-   * last use happens before such an unmap, and before a take's reuse. */
-  if (o == 0) mp_store_seq_cst(&r->solo, owner);
-  for (uint32_t k = s; k < s + m; k++) {
-    r->tag[k] = MP_TAG_SOLO;
-    r->owner[k] = owner;
-    mp_store_release(&c->busy[c->run0 + k], 0);
-  }
+  if (o == 0) mp_store_relaxed(&r->solo, owner); /* read under the lock, or as a hint */
+  /* The chunks' busy counts stay as the live run left them (runs.h): no
+   * unmap takes them while the stream may still use them.  The fills
+   * have no atomic in them, so the compiler may vectorise them. */
+  for (uint32_t k = s; k < s + m; k++) r->tag[k] = MP_TAG_SOLO;
+  for (uint32_t k = s; k < s + m; k++) r->owner[k] = owner;
   uint64_t gone = 0, dret = 0; /* stale retired bits of a live run (putback's) */
   bits_clear(r->rbits, r->fbits, s, s + m, &gone, &dret);
   count_add(&r->nretired, -dret);
@@ -88,8 +84,11 @@ uint64_t mp_runs_solo_bytes(const magpool_t *pool) {
   return c != NULL ? mp_load_relaxed(&c->runs.nsolo) << c->shift : 0;
 }
 
-/* Under the lock: owner's solo over (tag 0: dropped, its stream passed). */
-static bool solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t units, uint32_t *range) {
+/* Under the lock: owner's solo over.  tag 0: dropped, its stream has
+ * passed everything, so the free chunks go to busy 0 (RELEASE: the
+ * stream's last use happens before an unmap that reads it); else they
+ * are fenced with `tag`, their busy counts as they are. */
+static bool solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t *range) {
   mp_chunks *c = pool->chunks;
   mp_runs *r = &c->runs;
   if (mp_load_relaxed(&r->solo) != owner) return false;
@@ -100,26 +99,25 @@ static bool solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t uni
     if (!bit(r->sbits, k)) continue; /* taken back since: its taker counts it */
     bit_set(r->sbits, k, false);
     count(&r->nsolo, false);
-    if (tag == 0) continue; /* dropped: free as it is */
-    /* Fenced as a free run's chunk: busy (no unmap is under way: the
-     * caller holds the chunk map's lock), in fbits. */
-    mp_store_relaxed(&c->busy[c->run0 + k], units);
+    if (tag == 0) { /* dropped: free as it is */
+      mp_store_release(&c->busy[c->run0 + k], 0);
+      continue;
+    }
     bit_set(r->rbits, k, false);
     fbit_put(r, k, true);
     fresh++;
   }
-  count_add(&r->rbusy, fresh);
+  count_add(&r->rbusy, fresh); /* fenced chunks count busy (C3) */
   if (range != NULL) range[0] = r->solo_lo, range[1] = r->solo_hi - r->solo_lo;
   r->solo_lo = r->solo_hi = 0;
   mp_store_relaxed(&r->solo, 0);
   return true;
 }
 
-bool mp_runs_solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t units,
-                      uint32_t *range) {
+bool mp_runs_solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t *range) {
   mp_runs *r = &pool->chunks->runs;
   runs_lock(r);
-  bool mine = solo_end(pool, owner, tag, units, range);
+  bool mine = solo_end(pool, owner, tag, range);
   runs_unlock(r);
   return mine;
 }
@@ -127,7 +125,7 @@ bool mp_runs_solo_end(magpool_t *pool, uint64_t owner, uint32_t tag, uint32_t un
 bool mp_runs_solo_drop(magpool_t *pool, uint64_t owner) {
   mp_runs *r = &pool->chunks->runs;
   runs_lock(r);
-  bool mine = solo_end(pool, owner, 0, 0, NULL);
+  bool mine = solo_end(pool, owner, 0, NULL);
   runs_unlock(r);
   return mine;
 }

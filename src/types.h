@@ -153,8 +153,8 @@ MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
  *   chunk c with their extent (the whole block below a chunk, but an
  *   extent block's granules, extent.c; above, the chunks covering the
  *   requested bytes, ext[] holding their count at the first), or of a
- *   fenced free run (runs.h).  Changed by atomic RMW by any thread; in
- *   run space (c >= run0: one run a chunk) by stores.
+ *   fenced or solo free run (runs.h).  Changed by atomic RMW by any
+ *   thread; in run space (c >= run0: one run a chunk) by stores.
  * state[c]: MP_CHUNK_UNMAPPED, MAPPED or UNMAPPING; written only under
  *   `lock`, read by anyone.
  * mapped[]: a bitmap of MAPPED chunks, written under `lock` only
@@ -163,9 +163,9 @@ MP_INLINE _Atomic uint32_t *mp_region_hdr_at(const mp_region *r, uint64_t u) {
  * Invariants (mp_chunks_check, quiescent):
  *   C1  busy[c] > 0  =>  state[c] == MAPPED
  *   C2  nmapped == |{c : state[c] == MAPPED}| == popcount(mapped) <= cap
- *   C3  nbusy + runs.rbusy == |{c : busy[c] > 0}| <= hwm (rbusy: c >= run0)
- *   C4  Σ busy[c] units × min_block == the accounts' held + fenced
- *       runs (stats.c checks it: no shared counter on the hot paths)
+ *   C3  nbusy + runs.rbusy <= hwm; + runs.nsolo, == |{c : busy[c] > 0}|
+ *   C4  Σ busy[c] units × min_block == the accounts' held + fenced and
+ *       solo runs (stats.c checks it: no shared counter on hot paths)
  *   C5  pool->reserved == nmapped * chunk
  *   C6  the mapped chunks are tiled by groups (gfirst, glen): each of
  *       1..MP_CHUNK_GROUP chunks in one MP_CHUNK_GROUP-aligned window,
@@ -201,7 +201,7 @@ typedef struct mp_runs {
   _Atomic uint64_t solo, nsolo; uint64_t *sbits; uint32_t solo_lo, solo_hi; /* runs.h */
   _Atomic uint64_t nfenced, nretired, taker, takes, rbusy; /* |fbits|, |fbits & rbits|;
           the last take's owner (0: none), how many takes it made in a row;
-          rbusy: the busy run-space chunks (C3) */
+          rbusy: the busy run-space chunks, free solo ones not (C3) */
 } mp_runs;
 
 typedef struct mp_chunks {

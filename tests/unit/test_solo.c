@@ -11,7 +11,7 @@
  *        frees a run: free, MP_TAG_SOLO, not fenced, no batch; S's next
  *        take gets it back
  *   solo::an_unmap_leaves_a_solo_run_mapped   the highest empty chunks
- *        unmapped meanwhile: not the solo run's (chunk_unmap.c's guard)
+ *        unmapped meanwhile: not the solo run's (busy counts kept)
  *   solo::the_solos_own_map_ends_it_and_asks   S's own request that would
  *        map ends the solo and asks S (idle: the run is unfenced at once)
  *   solo::the_sync_api_ends_a_solo   a synchronous allocation meanwhile
@@ -31,6 +31,11 @@
  *        stopped inside the fence lock (MP_HOOK_SOLO_END) while S's free
  *        waits for it (MP_HOOK_PARK_WAIT): the run goes back after the
  *        end, solo, and the ending take keeps out of it
+ *   races::a_solo_take_keeps_its_chunks_through_an_end_and_an_unmap   S's
+ *        take of its solo run stopped before it counts it
+ *        (MP_HOOK_RUN_HELD); the solo ends and every empty chunk is
+ *        unmapped meanwhile: the run's chunks, busy all along, stay
+ *        mapped, and the take goes on without looking at them
  * Host streams held by gates, parking on.  Every test checks
  * magpool_check (the solo invariants of mp_runs_check included) and ends
  * with the pool in one block.  Internal headers: links the static
@@ -71,7 +76,7 @@ static magpool_t *solo_pool(magpool_stream_t *S, void **x) {
 }
 
 /* x freed on S (held): a solo run, S's, free but counted cached (not
- * free to others yet), in no batch. */
+ * free to others yet), in no batch, its busy counts kept. */
 static void free_solo(magpool_t *pool, magpool_stream_t S, void *x) {
   uint64_t b0 = atomic_load(&pool->retire.batches);
   magpool_stats_t st0 = mpt_stats(pool);
@@ -79,7 +84,9 @@ static void free_solo(magpool_t *pool, magpool_stream_t S, void *x) {
   uint32_t k = rchunk(pool, x);
   cr_assert(solo_free(pool, k) && solo_free(pool, k + 1), "the solo run is not in sbits");
   cr_assert_not(fenced(pool, k) || fenced(pool, k + 1), "the solo run is fenced");
-  cr_assert_eq(atomic_load(&pool->chunks->busy[pool->chunks->run0 + k]), 0);
+  uint32_t units = 1u << (pool->chunks->shift - pool->min_shift); /* a live run's, kept */
+  cr_assert_eq(atomic_load(&pool->chunks->busy[pool->chunks->run0 + k]), units);
+  cr_assert_eq(atomic_load(&pool->chunks->busy[pool->chunks->run0 + k + 1]), units);
   cr_assert_eq(tag_of(pool, x), MP_TAG_SOLO);
   cr_assert_eq(pool->chunks->runs.owner[k], key_of(pool, S));
   cr_assert_eq(mp_runs_solo(pool), key_of(pool, S));
@@ -117,6 +124,33 @@ static void done(magpool_t *pool, magpool_stream_t S) {
   finish(pool, PS, &S, 1);
 }
 
+/* An unmap of every empty chunk, down to none (what trim, a move,
+ * release_threshold do to some): x's chunks stay mapped. */
+static void unmap_all_but(magpool_t *pool, void *x, const char *what) {
+  mp_chunks *c = pool->chunks;
+  uint64_t k = c->run0 + rchunk(pool, x);
+  mp_chunks_lock(pool);
+  uint64_t got = mp_chunks_unmap_highest(pool, UINT64_MAX, 0, 0);
+  mp_chunks_unlock(pool);
+  cr_assert_gt(got, 0, "nothing was unmapped: the test proves nothing");
+  cr_assert(atomic_load(&c->state[k]) == MP_CHUNK_MAPPED &&
+                atomic_load(&c->state[k + 1]) == MP_CHUNK_MAPPED,
+            "an unmap took a chunk of %s", what);
+}
+
+/* done() after unmap_all_but, which went below pool_size: S released and
+ * passed, trim, one block. */
+static void done_unmapped(magpool_t *pool, magpool_stream_t S) {
+  cr_assert_eq(magpool_stream_release(pool, S), 0);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  mpt_assert_one_block(pool);
+  cr_assert_eq(magpool_host_stream_destroy(S), 0);
+  mpt_pool_done(pool);
+  MPT_ASSERT_NO_LEAKS();
+}
+
 Test(solo, a_solo_stream_gives_its_runs_back_in_no_batch, .timeout = 60) {
   magpool_stream_t S;
   void *x;
@@ -131,35 +165,20 @@ Test(solo, a_solo_stream_gives_its_runs_back_in_no_batch, .timeout = 60) {
   done(pool, S);
 }
 
-/* An unmap of every empty chunk (what trim, a move, release_threshold do
- * to some) while S's freed run x is solo: x's chunks, empty, stay mapped. */
+/* An unmap of every empty chunk while S's freed run x is solo: x's
+ * chunks, free, kept their busy counts, so they stay mapped. */
 Test(solo, an_unmap_leaves_a_solo_run_mapped, .timeout = 60) {
   magpool_stream_t S;
   void *x;
   gate g;
   magpool_t *pool = solo_freed(&S, &x, &g);
-  mp_chunks *c = pool->chunks;
-  uint64_t k = c->run0 + rchunk(pool, x);
-  mp_chunks_lock(pool); /* every empty chunk, down to none */
-  uint64_t got = mp_chunks_unmap_highest(pool, UINT64_MAX, 0, 0);
-  mp_chunks_unlock(pool);
-  cr_assert_gt(got, 0, "nothing was unmapped: the test proves nothing");
-  cr_assert(atomic_load(&c->state[k]) == MP_CHUNK_MAPPED &&
-                atomic_load(&c->state[k + 1]) == MP_CHUNK_MAPPED,
-            "an unmap took a solo run's chunk from under held S");
+  unmap_all_but(pool, x, "a solo run, from under held S");
   cr_assert_eq(magpool_check(pool), 0);
   void *y = magpool_alloc_async(pool, BIG, S);
   cr_assert_eq(y, x, "S did not get its solo run back");
   cr_assert_eq(magpool_free_async(pool, y, S), 0);
   gate_release(&g, S);
-  cr_assert_eq(magpool_stream_release(pool, S), 0);
-  cr_assert_eq(magpool_host_stream_sync(S), 0);
-  cr_assert_eq(magpool_trim(pool), 0);
-  cr_assert_eq(magpool_check(pool), 0);
-  mpt_assert_one_block(pool);
-  cr_assert_eq(magpool_host_stream_destroy(S), 0);
-  mpt_pool_done(pool);
-  MPT_ASSERT_NO_LEAKS();
+  done_unmapped(pool, S);
 }
 
 static _Atomic int idle_asks;
@@ -307,6 +326,15 @@ static void *job_run(void *arg) {
   return NULL;
 }
 
+/* The job's allocation of BIG on its stream, into x. */
+static void *job_alloc(void *arg) {
+  job *j = arg;
+  self = j;
+  j->x = magpool_alloc_async(j->pool, BIG, j->s);
+  self = NULL;
+  return NULL;
+}
+
 /* x's free on held S chose a solo give and stopped before the fence
  * lock; a synchronous take ends the solo that is there and takes.  The
  * free then gives x back solo: the next synchronous take ends that one
@@ -392,4 +420,39 @@ Test(races, an_end_holds_the_fence_lock_against_a_solo_free, .timeout = 60) {
   cr_assert_eq(magpool_free(pool, b.x), 0);
   gate_release(&g, S);
   done(pool, S);
+}
+
+/* S's take of its solo run x (a window of free solo chunks) stops before
+ * it counts it (MP_HOOK_RUN_HELD).  Meanwhile another owner's end comes
+ * and goes, and an unmap of every empty chunk: x's chunks kept their
+ * busy counts, so they stay mapped, and the take, which does not look at
+ * them again, hands out mapped memory.  (With the counts at 0 while solo,
+ * the unmap took them and the take handed them out unmapped.) */
+Test(races, a_solo_take_keeps_its_chunks_through_an_end_and_an_unmap, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  gate g;
+  magpool_t *pool = solo_freed(&S, &x, &g);
+  mp_chunks *c = pool->chunks;
+  uint64_t k = c->run0 + rchunk(pool, x);
+  mp_hook_set(solo_hook);
+  job a = JOB(pool, S, NULL, MP_HOOK_RUN_HELD, 0);
+  pthread_t ta;
+  cr_assert_eq(pthread_create(&ta, NULL, job_alloc, &a), 0);
+  flag_wait(&a.stopped);
+  cr_assert_not(solo_free(pool, rchunk(pool, x)), "the take did not get x's window");
+  mp_streams_end_solo(pool, 0);
+  cr_assert_eq(mp_runs_solo(pool), 0, "the solo did not end");
+  unmap_all_but(pool, x, "the run being taken");
+  flag_set(&a.go);
+  pthread_join(ta, NULL);
+  mp_hook_set(NULL);
+  cr_assert_eq(a.x, x, "S did not get its solo run back");
+  cr_assert(atomic_load(&c->state[k]) == MP_CHUNK_MAPPED &&
+            atomic_load(&c->state[k + 1]) == MP_CHUNK_MAPPED);
+  memset(a.x, 0x5a, BIG); /* mapped: a fault here is the bug */
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(magpool_free_async(pool, a.x, S), 0);
+  gate_release(&g, S);
+  done_unmapped(pool, S);
 }
