@@ -146,6 +146,8 @@ typedef struct mpt_cfg {
   int growth;              /* .allow_growth (default 0: off)      */
   magpool_mem_kind_t kind; /* .kind (default MAGPOOL_MEM_HOST)    */
   int cross_reuse;         /* .cross_stream_reuse (default 0: off) */
+  size_t release;          /* .release_threshold                  */
+  int groups;              /* .chunk_groups + 1 (default 0: auto)  */
 } mpt_cfg;
 
 static inline size_t mpt_cfg_size_(size_t v, size_t dflt) {
@@ -171,6 +173,9 @@ static inline magpool_t *mpt_pool(const mpt_cfg *c) {
     cfg.kind = c->kind;
   if (c->cross_reuse != 0)
     cfg.cross_stream_reuse = c->cross_reuse;
+  cfg.release_threshold = mpt_cfg_size_(c->release, cfg.release_threshold);
+  if (c->groups != 0)
+    cfg.chunk_groups = c->groups - 1;
   magpool_t *pool = NULL;
   int rc = magpool_create(&cfg, &pool);
   cr_assert_eq(rc, 0,

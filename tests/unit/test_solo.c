@@ -22,6 +22,9 @@
  *        mapped and held (cached or pending) until S passes
  *   solo::a_release_ends_a_solo   releasing S puts the run behind S
  *        (pending until S passes), with nothing lost
+ *   solo::release_threshold_unmaps_beside_a_solo   with release_threshold
+ *        0, a synchronous free of another run unmaps its chunks while the
+ *        solo is on, and leaves the solo run's mapped
  *   races::a_solo_free_after_an_end_is_solo_again   S's free stopped after
  *        it chose to give its run back solo (MP_HOOK_SOLO_PUT) while a
  *        synchronous take ends the solo: the free then begins a new solo,
@@ -283,6 +286,51 @@ Test(solo, a_release_ends_a_solo, .timeout = 60) {
   cr_assert_eq(magpool_host_stream_sync(S), 0);
   cr_assert_eq(mpt_stats(pool).reserved_bytes, PS);
   mpt_assert_one_block(pool);
+  cr_assert_eq(magpool_host_stream_destroy(S), 0);
+  mpt_pool_done(pool);
+  MPT_ASSERT_NO_LEAKS();
+}
+
+/* release_threshold 0, chunks one at a time: S's run x goes solo (held
+ * S), then z, a run of the synchronous API taken before the solo, is
+ * freed.  Its chunks are unmapped at once, solo or not; x's, which kept
+ * their busy counts, stay mapped, and the solo goes on. */
+Test(solo, release_threshold_unmaps_beside_a_solo, .timeout = 60) {
+  magpool_t *pool = mpt_pool(&(mpt_cfg){.pool_size = 4 * MiB, .growth = 1,
+                                         .thread_cache = MPT_ZERO, .stream_cache = 64 * MiB,
+                                         .release = MPT_ZERO,
+                                         .groups = 1}); /* a chunk each: a group goes whole */
+  cr_assert_not_null(pool->chunks);
+  void *z = magpool_alloc(pool, BIG), *x;
+  cr_assert_not_null(z);
+  magpool_stream_t S = stream_new();
+  for (unsigned i = 0; i < MP_PARK_SOLO_RUNS; i++) {
+    void *y = magpool_alloc_async(pool, BIG, S);
+    cr_assert_not_null(y);
+    cr_assert_eq(magpool_free_async(pool, y, S), 0);
+  }
+  cr_assert_not_null(x = magpool_alloc_async(pool, BIG, S));
+  gate g;
+  gate_hold(&g, S);
+  cr_assert_eq(magpool_free_async(pool, x, S), 0);
+  cr_assert_eq(mp_runs_solo(pool), key_of(pool, S), "x did not go solo");
+  mp_chunks *c = pool->chunks;
+  uint64_t kz = c->run0 + rchunk(pool, z), kx = c->run0 + rchunk(pool, x);
+  cr_assert_eq(magpool_free(pool, z), 0);
+  cr_assert(atomic_load(&c->state[kz]) == MP_CHUNK_UNMAPPED &&
+                atomic_load(&c->state[kz + 1]) == MP_CHUNK_UNMAPPED,
+            "release_threshold 0 left a free run mapped while a solo is on");
+  cr_assert(atomic_load(&c->state[kx]) == MP_CHUNK_MAPPED &&
+                atomic_load(&c->state[kx + 1]) == MP_CHUNK_MAPPED,
+            "release_threshold took a solo run's chunks");
+  cr_assert_eq(mp_runs_solo(pool), key_of(pool, S), "a free ended the solo");
+  cr_assert_eq(magpool_check(pool), 0);
+  gate_release(&g, S);
+  cr_assert_eq(magpool_stream_release(pool, S), 0);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(magpool_check(pool), 0);
+  cr_assert_eq(mpt_stats(pool).reserved_bytes, 4 * MiB);
   cr_assert_eq(magpool_host_stream_destroy(S), 0);
   mpt_pool_done(pool);
   MPT_ASSERT_NO_LEAKS();
