@@ -22,6 +22,9 @@
  *        mapped and held (cached or pending) until S passes
  *   solo::a_release_ends_a_solo   releasing S puts the run behind S
  *        (pending until S passes), with nothing lost
+ *   solo::a_drop_frees_the_runs_of_a_stream_that_passed_them   the
+ *        drop a closing park with no host memory makes (mp_runs_solo_drop,
+ *        S passed): the run is free, busy 0, unmappable, anyone's
  *   solo::release_threshold_unmaps_beside_a_solo   with release_threshold
  *        0, a synchronous free of another run unmaps its chunks while the
  *        solo is on, and leaves the solo run's mapped
@@ -289,6 +292,39 @@ Test(solo, a_release_ends_a_solo, .timeout = 60) {
   cr_assert_eq(magpool_host_stream_destroy(S), 0);
   mpt_pool_done(pool);
   MPT_ASSERT_NO_LEAKS();
+}
+
+/* The drop (park.c, end_solo_closing: a closing park with no host
+ * memory for the end's range waits for S, then drops the solo), called
+ * as that does once S has passed: x is free, its busy counts 0, no
+ * longer cached, and an unmap or anyone's take may have it. */
+Test(solo, a_drop_frees_the_runs_of_a_stream_that_passed_them, .timeout = 60) {
+  magpool_stream_t S;
+  void *x;
+  gate g;
+  magpool_t *pool = solo_freed(&S, &x, &g);
+  gate_release(&g, S);
+  cr_assert_eq(magpool_host_stream_sync(S), 0);
+  magpool_stats_t st0 = mpt_stats(pool);
+  mp_park *k = park_of(pool, S);
+  cr_assert(mp_runs_solo_drop(pool, key_of(pool, S)), "S had no solo to drop");
+  atomic_store(&k->fsolo, false); /* as end_solo_closing, under the fence lock */
+  cr_assert_eq(mp_runs_solo(pool), 0);
+  uint32_t r = rchunk(pool, x);
+  uint64_t c0 = pool->chunks->run0 + r;
+  cr_assert_not(solo_free(pool, r) || fenced(pool, r));
+  cr_assert_eq(tag_of(pool, x), 0);
+  cr_assert(atomic_load(&pool->chunks->busy[c0]) == 0 &&
+                atomic_load(&pool->chunks->busy[c0 + 1]) == 0,
+            "a dropped solo run kept its busy counts");
+  magpool_stats_t st = mpt_stats(pool);
+  cr_assert_eq(st.cached_bytes, st0.cached_bytes - BIG, "a dropped solo run still counts cached");
+  cr_assert_eq(st.free_bytes, st0.free_bytes + BIG, "a dropped solo run does not count free");
+  cr_assert_eq(magpool_check(pool), 0);
+  void *z = magpool_alloc(pool, BIG);
+  cr_assert_eq(z, x, "the synchronous API did not get the dropped run");
+  cr_assert_eq(magpool_free(pool, z), 0);
+  done(pool, S);
 }
 
 /* release_threshold 0, chunks one at a time: S's run x goes solo (held
