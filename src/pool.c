@@ -350,7 +350,6 @@ int magpool_trim(magpool_t *pool) {
   mp_regions_coalesce(pool);
   if (pool->chunks != NULL) mp_chunks_trim(pool);
   if (MP_DEBUG >= 2) mp_debug_check_quiescent(pool);
-  mp_trace_close(pool->trace);
   MP_DBG_LEAVE(pool);
   return 0;
 }

@@ -6,6 +6,10 @@
  * lines, then "a ID SIZE STREAM" and "f ID STREAM"; IDs from 0 in order
  * of allocation; streams numbered densely from 0 in order of first use,
  * where a synchronous call's stream is the NULL stream.
+ *
+ *   trace::a_trim_keeps_recording   trims between the calls (as
+ *        magpool_torch's out-of-memory retry makes): every event is in the
+ *        file, and nothing is freed twice
  */
 #define _GNU_SOURCE /* setenv, mkdtemp, stream_util.h */
 #include <magpool.h>
@@ -326,4 +330,31 @@ Test(trace, one_thread_two_pools) {
   free(pb);
   free(ta.ev);
   free(tb.ev);
+}
+
+/* A traced pool trimmed between its calls, twice (magpool_torch trims
+ * before it retries an allocation that ran out of memory): the trace goes
+ * on recording, and the file written at destroy holds every event.  (A
+ * trim that closed the trace freed it under the pool: the next event
+ * wrote freed memory, the next trim freed it again.) */
+Test(trace, a_trim_keeps_recording) {
+  char *path = tmp_path("trim");
+  magpool_t *pool = traced_pool(path, 4 * MiB);
+  enum { N = 3 };
+  for (int i = 0; i < N; i++) {
+    void *x = magpool_alloc(pool, 1000 + (size_t)i);
+    cr_assert_not_null(x);
+    cr_assert_eq(magpool_trim(pool), 0);
+    cr_assert_eq(magpool_free(pool, x), 0);
+  }
+  cr_assert_eq(magpool_trim(pool), 0);
+  cr_assert_eq(magpool_destroy(pool), 0);
+  tevs t = read_trace(path);
+  cr_assert_eq(t.n, 2 * N, "%zu events in the file, %d made", t.n, 2 * N);
+  for (size_t i = 0; i < t.n; i += 2)
+    cr_assert(t.ev[i].op == 'a' && t.ev[i].size == 1000 + i / 2 && t.ev[i + 1].op == 'f' &&
+              t.ev[i + 1].id == t.ev[i].id);
+  unlink(path);
+  free(path);
+  free(t.ev);
 }
