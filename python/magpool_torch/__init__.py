@@ -219,10 +219,26 @@ def memory_stats(device=None):
     }
 
 
-def empty_cache(device=None):
-    """Trims magpool's pool(s): cached blocks go back to the pool's tree
-    (magpool_trim).  device None: every device."""
-    _load().magpool_torch_empty_cache(-1 if device is None else _device_index(device))
+def empty_cache(device=None, wait=True):
+    """Trims magpool's pool(s) (magpool_trim): cached blocks go back to the
+    pool's tree, and empty chunks beyond pool_size go back to the GPU.
+    Blocks freed on streams that have not yet run to their frees stay
+    pending through a trim; with wait (the default, as
+    torch.cuda.empty_cache waits for them) each device with a pool is
+    synchronised and trimmed again, so that those go back too.  device
+    None: every device."""
+    lib = _load()
+    dev = -1 if device is None else _device_index(device)
+    lib.magpool_torch_empty_cache(dev)
+    if not wait:
+        return
+    import torch
+    devs = [dev] if dev >= 0 else [
+        i for i in range(torch.cuda.device_count()) if memory_stats(i)["magpool.pool_created"]]
+    for i in devs:
+        torch.cuda.synchronize(i)
+    if devs:
+        lib.magpool_torch_empty_cache(dev)
 
 
 def reset_peak_memory_stats(device=None):

@@ -12,7 +12,9 @@ then checks the trace.  The child:
     default and timed after enable(timing=True);
   - asks for more than max_pool_size: torch.OutOfMemoryError, counted in
     num_ooms, and allocation works afterwards (in a child without trace);
-  - empty_cache() and reset_peak_memory_stats().
+  - empty_cache() and reset_peak_memory_stats(); empty_cache() gives back
+    a block freed on a stream still running (it waits, as PyTorch's does),
+    and empty_cache(wait=False) leaves it pending;
 Exit 0 pass, 1 fail, 77 when PyTorch with CUDA is not there (skipped)."""
 import os
 import subprocess
@@ -85,6 +87,21 @@ def child():
         check(st["num_ooms"] >= 1 and st["num_alloc_retries"] >= 1, "ooms counted: %r" % st)
         w = torch.zeros(1000, device="cuda") + 1
         check(int(w.sum().item()) == 1000, "allocation after the out-of-memory error")
+    # A 512 MiB block freed while its stream still runs: pending through a
+    # trim that does not wait, back to the GPU through one that does.
+    for wait in (False, True):
+        big = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+        for _ in range(100):
+            big.add_(1)
+        del big
+        mt.empty_cache(wait=wait)
+        st = mt.memory_stats()
+        held = st["magpool.pending_bytes"] + st["magpool.cached_bytes"]
+        if wait:
+            check(held < (64 << 20), "empty_cache() left %d bytes pending or cached" % held)
+        elif held < (512 << 20):
+            step("the stream had passed the free before the trim: wait=False proved nothing")
+        torch.cuda.synchronize()
     mt.empty_cache()
     mt.reset_peak_memory_stats()
     st = mt.memory_stats()
