@@ -225,14 +225,17 @@ def empty_cache(device=None, wait=True):
     Blocks freed on streams that have not yet run to their frees stay
     pending through a trim; with wait (the default, as
     torch.cuda.empty_cache waits for them) each device with a pool is
-    synchronised and trimmed again, so that those go back too.  device
-    None: every device."""
+    synchronised and trimmed again, so that those go back too (through
+    PyTorch: without it, one trim).  device None: every device."""
     lib = _load()
     dev = -1 if device is None else _device_index(device)
     lib.magpool_torch_empty_cache(dev)
     if not wait:
         return
-    import torch
+    try:
+        import torch
+    except ImportError:
+        return
     devs = [dev] if dev >= 0 else [
         i for i in range(torch.cuda.device_count()) if memory_stats(i)["magpool.pool_created"]]
     for i in devs:
