@@ -29,7 +29,9 @@
  *     requested sizes and tags, whenever tracking is on;
  *   - stream order: a gate task can hold a host stream; a block freed on
  *     it meanwhile must not reach any other allocation (another stream,
- *     the synchronous API, a scope) before the gate opens.
+ *     the synchronous API, a scope) before the gate opens;
+ *   - half the runs record a trace (trace_path), so that ASan sees the
+ *     recorder through every trim and call until destroy writes it.
  *
  * Any violation prints what was expected and abort()s.  Determinism: no
  * clock and no randomness but the input; the only thing that varies from
@@ -56,6 +58,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -643,6 +646,14 @@ static void decode_config(rd *r, magpool_config_t *cfg) {
   default: cfg->cache_max_block = 32 * MiB; break; /* lowered to 16 MiB */
   }
   cfg->capture_check = (a >> 6) & 1;
+  /* Half the runs record a trace (trace.c), written at destroy: the
+   * recorder must outlive every trim and take every call's event. */
+  static char trace[256];
+  if ((a >> 7) & 1) {
+    const char *dir = getenv("TMPDIR");
+    snprintf(trace, sizeof trace, "%s/magpool-fuzz-%%p.trace", dir != NULL ? dir : "/tmp");
+    cfg->trace_path = trace;
+  }
 }
 
 static void pool_create(rd *r) {
@@ -707,6 +718,11 @@ static void pool_teardown(void) {
   int rc = magpool_destroy(M.pool);
   CHECK(rc == 0, "magpool_destroy = %d", rc);
   M.pool = NULL;
+  char trace[256]; /* decode_config's path, %p expanded as the recorder does */
+  const char *dir = getenv("TMPDIR");
+  snprintf(trace, sizeof trace, "%s/magpool-fuzz-%ld.trace", dir != NULL ? dir : "/tmp",
+           (long)getpid());
+  (void)unlink(trace);
 }
 
 /* ------------------------------------------------------------------ */
