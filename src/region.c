@@ -205,7 +205,7 @@ bool mp_region_give_solo(magpool_t *pool, mp_acct *a, void *p, unsigned order, u
   size_t cost = mp_block_cost(pool, p, order);
   uint32_t s = (uint32_t)(((uint64_t)((char *)p - c->base) >> c->shift) - c->run0);
   uint32_t m = (uint32_t)(cost >> c->shift);
-  if (!mp_runs_solo_give(pool, s, m, owner)) return false; /* no release_excess: unmaps wait */
+  if (!mp_runs_solo_give(pool, s, m, owner)) return false; /* its chunks stay busy: no release_excess */
   acct_add(pool, a, -(int64_t)cost);
   return true;
 }
