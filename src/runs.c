@@ -233,11 +233,11 @@ void mp_runs_putback(magpool_t *pool, uint32_t s, uint32_t m) {
   uint64_t down = 0;
   runs_lock(r);
   for (uint32_t k = s; k < s + m; k++)
-    if (r->tag[k] != 0 && r->tag[k] != MP_TAG_SOLO) {
-      fbit_put(r, k, true);
-    } else if (r->tag[k] == MP_TAG_SOLO) { /* free solo again, busy kept (its solo is on: runs.h) */
+    if (r->tag[k] == MP_TAG_SOLO) { /* free solo again, busy kept (its solo is on: runs.h) */
       bit_set(r->sbits, k, true), count(&r->nsolo, true);
       down++;
+    } else if (r->tag[k] != 0) { /* a batch's: fenced again */
+      fbit_put(r, k, true);
     } else {
       mp_store_release(&c->busy[c->run0 + k], 0);
       down++;
